@@ -1,0 +1,46 @@
+"""The ``relmem`` command: a thin dispatcher to one module per sub-command.
+
+Each sub-command lives in its own module and exposes ``main(argv: list[str]) -> int``; the
+table below is the only place that knows them all, so the CLI stays a table of contents.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    # name: (module exposing main(argv) -> int, one-line help)
+    "demo": ("relmem.demo", "build an RMC and run a batch of random sequences through it"),
+}
+
+
+def _usage() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = ["usage: relmem COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name.ljust(width)}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Run `relmem COMMAND --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``relmem`` console script."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    if args[0] in ("-V", "--version"):
+        from relmem import __version__
+
+        print(f"relmem {__version__}")
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"relmem: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
