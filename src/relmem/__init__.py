@@ -4,6 +4,7 @@ The Relational Memory Core of Santoro et al. 2018 (:class:`RelationalMemory`,
 :class:`RelationalMemoryCell`), shaped like ``nn.LSTM`` and faithful to Sonnet v1.
 """
 
+from relmem import sonnet
 from relmem.cores import (
     RelationalMemory,
     RelationalMemoryCell,
@@ -23,4 +24,5 @@ __all__ = [
     "RelationalMemoryCell",
     "__version__",
     "detach_state",
+    "sonnet",
 ]
