@@ -142,6 +142,12 @@ class RMCConfig:
             raise ValueError(
                 "RMCConfig: output_gate=True needs gating; set gate_style to 'unit' or 'memory'"
             )
+        if self.trainable_gate_biases and self.gate_style is None:
+            # Without gates the bias scalars would be dead parameters (no gradient, DDP errors).
+            raise ValueError(
+                "RMCConfig: trainable_gate_biases=True needs gating; set gate_style to 'unit' "
+                "or 'memory'"
+            )
         for name in ("forget_bias", "input_bias", "output_bias"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
