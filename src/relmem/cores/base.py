@@ -129,7 +129,8 @@ def prepare_sequence(
         raise ValueError(
             f"{module_name}: the input has an empty time or batch axis: shape {tuple(input.shape)}"
         )
-    return SequenceInput(inputs, check_lengths(lengths, batch, steps, input.device, module_name), False)
+    checked = check_lengths(lengths, batch, steps, input.device, module_name)
+    return SequenceInput(inputs, checked, False)
 
 
 def check_lengths(

@@ -115,7 +115,9 @@ class RMCConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"RMCConfig: {name} must be an integer >= 1, got {value!r}")
         if self.key_size is not None and (
-            isinstance(self.key_size, bool) or not isinstance(self.key_size, int) or self.key_size < 0
+            isinstance(self.key_size, bool)
+            or not isinstance(self.key_size, int)
+            or self.key_size < 0
         ):
             raise ValueError(
                 f"RMCConfig: key_size must be None or an integer >= 0 (0/None mean key_size = "
@@ -440,7 +442,9 @@ class RelationalMemoryCell(nn.Module):
             :class:`RMCState` with ``memory [B, N, M]`` (constant, no gradient).
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"initial_state: batch_size must be an integer >= 1, got {batch_size!r}")
+            raise ValueError(
+                f"initial_state: batch_size must be an integer >= 1, got {batch_size!r}"
+            )
         default_device, default_dtype = self._factory_defaults()
         device = default_device if device is None else torch.device(device)
         dtype = default_dtype if dtype is None else dtype
