@@ -387,7 +387,14 @@ class RelationalMemoryCell(nn.Module):
                 norm.reset_parameters()
         if self.gate_biases is not None:
             with torch.no_grad():
-                self.gate_biases.copy_(torch.tensor(self._constant_gate_biases()))
+                biases = self.gate_biases
+                # Build the constants in the parameter's dtype: torch.tensor(list of floats)
+                # would round them to float32 first, even for a float64 module.
+                biases.copy_(
+                    torch.tensor(
+                        self._constant_gate_biases(), dtype=biases.dtype, device=biases.device
+                    )
+                )
 
     def _constant_gate_biases(self) -> list[float]:
         cfg = self.config
