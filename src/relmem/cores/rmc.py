@@ -144,6 +144,12 @@ class RMCConfig:
             raise ValueError(
                 "RMCConfig: output_gate=True needs gating; set gate_style to 'unit' or 'memory'"
             )
+        if self.trainable_gate_biases and self.gate_style is None:
+            # Without gates the bias scalars would be dead parameters (no gradient, DDP errors).
+            raise ValueError(
+                "RMCConfig: trainable_gate_biases=True needs gating; set gate_style to 'unit' "
+                "or 'memory'"
+            )
         for name in ("forget_bias", "input_bias", "output_bias"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
@@ -381,7 +387,14 @@ class RelationalMemoryCell(nn.Module):
                 norm.reset_parameters()
         if self.gate_biases is not None:
             with torch.no_grad():
-                self.gate_biases.copy_(torch.tensor(self._constant_gate_biases()))
+                biases = self.gate_biases
+                # Build the constants in the parameter's dtype: torch.tensor(list of floats)
+                # would round them to float32 first, even for a float64 module.
+                biases.copy_(
+                    torch.tensor(
+                        self._constant_gate_biases(), dtype=biases.dtype, device=biases.device
+                    )
+                )
 
     def _constant_gate_biases(self) -> list[float]:
         cfg = self.config
