@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from relmem.cores.rmc import RelationalMemory
+from relmem.cores.rmc import RelationalMemory, RMCConfig
 from relmem.cores.rmc_fast import FastRelationalMemory, fast_path_plan
 
 
@@ -102,6 +102,51 @@ CONFIGS: dict[str, BenchConfig] = {
         "paper language-model core (tasks.md 3.4): M=2500, 76 M parameters, BPTT 100",
     ),
 }
+
+
+def step_flops(config: RMCConfig) -> dict[str, int]:
+    """Matmul FLOPs per example per time step, forward only (backward is about twice this).
+
+    Counts 2·m·k·n per product; LayerNorm, softmax and gates are O(rows·width) and left out.
+
+    Args:
+        config: the core.
+
+    Returns:
+        ``reference``: what the plain loop computes per step (all N+n rows in every block);
+        ``fast_loop``: what stays inside the fast path's time loop; ``fast_hoisted``: what the
+        fast path moves into batched GEMMs over T·B rows (E1–E3).
+    """
+    n_slots, n_in = config.mem_slots, config.num_input_rows
+    rows = n_slots + n_in
+    m, q, f = config.mem_size, config.qkv_size, config.input_size
+    h, k, d = config.num_heads, config.resolved_key_size, config.head_size
+    layers, blocks = config.attention_mlp_layers, config.num_blocks
+    gates = config.num_gates * config.gate_size
+
+    def block(qkv_rows: int, query_rows: int) -> int:
+        attention = 2 * h * query_rows * rows * (k + d)
+        return 2 * qkv_rows * m * q + attention + 2 * layers * query_rows * m * m
+
+    projection = 2 * n_in * f * m
+    gate_in, gate_mem = 2 * n_in * m * gates, 2 * n_slots * m * gates
+    reference = projection + blocks * block(rows, rows) + gate_in + gate_mem
+    if config.query_rows == "all" and config.num_blocks == 1:
+        loop = block(n_slots, n_slots)
+        hoisted_blocks = 1
+    elif config.query_rows == "all":
+        loop = block(n_slots, rows) + (blocks - 2) * block(rows, rows) + block(rows, n_slots)
+        hoisted_blocks = 1
+    else:
+        loop = blocks * block(n_slots, n_slots)
+        hoisted_blocks = blocks
+    hoisted = projection + hoisted_blocks * 2 * n_in * m * q + gate_in
+    return {"reference": reference, "fast_loop": loop + gate_mem, "fast_hoisted": hoisted}
+
+
+def lstm_step_flops(input_size: int, hidden: int) -> dict[str, int]:
+    """``nn.LSTM`` matmul FLOPs per example per step: recurrent (in the loop) and input."""
+    return {"loop": 2 * hidden * 4 * hidden, "hoisted": 2 * input_size * 4 * hidden}
 
 
 def lstm_hidden_for_params(input_size: int, params: int) -> int:
@@ -296,9 +341,13 @@ def run_config(
             **timing,
         }
         if impl.startswith("lstm"):
-            record["lstm_hidden"] = module.lstm.hidden_size
-        elif impl != "reference":
-            record["equivalences"] = fast_path_plan(impls["reference"].config)
+            hidden = module.lstm.hidden_size
+            record["lstm_hidden"] = hidden
+            record["step_flops"] = lstm_step_flops(config.rmc["input_size"], hidden)
+        else:
+            record["step_flops"] = step_flops(impls["reference"].config)
+            if impl != "reference":
+                record["equivalences"] = fast_path_plan(impls["reference"].config)
         records.append(record)
         print(_row(record), flush=True)
     return records

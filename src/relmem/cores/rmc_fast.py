@@ -50,19 +50,19 @@ _EPS = 1e-5
 class _Block(NamedTuple):
     """One attention block's tensors (see ``AttentionBlock``)."""
 
-    qkv_w: Tensor  # [Q, M]
+    qkv_w: Weight  # [Q, M]
     qkv_b: Tensor  # [Q]
     qkv_ln: tuple[Tensor, Tensor]  # γ, β [Q]
     attn_ln: tuple[Tensor, Tensor]  # γ, β [M]
     mlp_ln: tuple[Tensor, Tensor]  # γ, β [M]
-    mlp: tuple[tuple[Tensor, Tensor], ...]  # L × (W [M, M], b [M])
+    mlp: tuple[tuple[Weight, Tensor], ...]  # L × (W [M, M], b [M])
 
 
 class _Weights(NamedTuple):
     """The tensors one step needs, gathered once per forward."""
 
     blocks: tuple[_Block, ...]
-    gate_w: Tensor | None  # [W, M] the memory-gate weight (its bias is folded into gate_bias)
+    gate_w: Weight | None  # [W, M] the memory-gate weight (its bias is folded into gate_bias)
     gate_bias: Tensor | None  # [W] b_gm + b_gx + the constant (or trainable) gate biases
 
 
@@ -130,18 +130,86 @@ def _layer_norm(x: Tensor, params: tuple[Tensor, Tensor]) -> Tensor:
     return F.layer_norm(x, x.shape[-1:], params[0], params[1], _EPS)
 
 
-def _mlp(x: Tensor, layers: tuple[tuple[Tensor, Tensor], ...]) -> Tensor:
+class _GradBank:
+    """The ``(input rows, output gradient)`` pairs of one weight's in-loop uses (E10)."""
+
+    def __init__(self) -> None:
+        self.inputs: list[Tensor] = []
+        self.grads: list[Tensor] = []
+
+
+class _BankedWeight(NamedTuple):
+    """A weight whose gradient is computed once per sequence from ``bank`` (E10)."""
+
+    weight: Tensor  # [out, in], the alias made by _SequenceWeight
+    bank: _GradBank
+
+
+class _SequenceWeight(torch.autograd.Function):
+    """Identity on a weight, applied once per sequence; its backward runs after every step's
+    backward (every step consumes its output) and computes ``dW = Σ_t g_tᵀ x_t`` as one GEMM
+    over all T·B·rows."""
+
+    @staticmethod
+    def forward(ctx: Any, weight: Tensor, bank: _GradBank) -> Tensor:
+        ctx.bank = bank
+        return weight.view_as(weight)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        bank = ctx.bank
+        if bank.grads:
+            grad = grad + torch.cat(bank.grads).t() @ torch.cat(bank.inputs)  # [out, in]
+        bank.inputs, bank.grads = [], []
+        return grad, None
+
+
+class _LinearDeferred(torch.autograd.Function):
+    """``x·Wᵀ + b`` whose backward returns dx and db now and banks (x, dy) for dW (E10)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, bank: _GradBank
+    ) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.bank, ctx.has_bias = bank, bias is not None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor | None, None]:
+        x, weight = ctx.saved_tensors
+        grad_rows = grad.reshape(-1, grad.shape[-1])  # [rows, out]
+        ctx.bank.inputs.append(x.reshape(-1, x.shape[-1]))  # [rows, in]
+        ctx.bank.grads.append(grad_rows)
+        grad_bias = grad_rows.sum(0) if ctx.has_bias else None
+        # The weight's gradient here is zero; _SequenceWeight adds the banked products.
+        return grad @ weight, weight.new_zeros(()).expand_as(weight), grad_bias, None
+
+
+Weight = Tensor | _BankedWeight
+
+
+def _linear(x: Tensor, weight: Weight, bias: Tensor | None = None) -> Tensor:
+    """``F.linear``, or its weight-gradient-deferred form for a banked weight."""
+    if isinstance(weight, _BankedWeight):
+        return _LinearDeferred.apply(x, weight.weight, bias, weight.bank)
+    return F.linear(x, weight, bias)
+
+
+def _mlp(x: Tensor, layers: tuple[tuple[Weight, Tensor], ...]) -> Tensor:
     """L linear layers with ReLU between them, none after the last: ``[..., M] -> [..., M]``."""
     for index, (weight, bias) in enumerate(layers):
         if index > 0:
             x = F.relu(x)
-        x = F.linear(x, weight, bias)
+        x = _linear(x, weight, bias)
     return x
 
 
 def _qkv(rows: Tensor, block: _Block) -> Tensor:
     """``LN_qkv(rows·W_qkv + b)``: ``[..., M] -> [..., Q]`` (head-major columns)."""
-    return _layer_norm(F.linear(rows, block.qkv_w, block.qkv_b), block.qkv_ln)
+    return _layer_norm(_linear(rows, block.qkv_w, block.qkv_b), block.qkv_ln)
 
 
 def _attend(z: Tensor, num_queries: int, heads: int, key: int, value: int) -> Tensor:
@@ -229,7 +297,7 @@ def _step(
         return rows_mem, None
     assert weights.gate_w is not None
     recurrent = hidden if spec.output_gate else torch.tanh(memory)
-    gates = torch.sigmoid(F.linear(recurrent, weights.gate_w) + gate_x.unsqueeze(1))  # [B,N,W]
+    gates = torch.sigmoid(_linear(recurrent, weights.gate_w) + gate_x.unsqueeze(1))  # [B,N,W]
     g = spec.gate
     new_memory = gates[..., :g] * torch.tanh(rows_mem) + gates[..., g : 2 * g] * memory
     if not spec.output_gate:
@@ -276,6 +344,32 @@ def _hoist(cell: RelationalMemoryCell, weights: _Weights, rows: Tensor) -> _Hois
     return _Hoisted(x, z_inputs, gate_x)
 
 
+def _defer_weight_grads(weights: _Weights) -> _Weights:
+    """Route every in-loop weight through one :class:`_SequenceWeight` per tensor (E10).
+
+    A weight shared by several blocks (the shared MLP) gets one bank, so its gradient is still
+    one GEMM. Weights that need no gradient are left as they are.
+    """
+    banked: dict[int, Weight] = {}
+
+    def bank(weight: Weight) -> Weight:
+        if not isinstance(weight, Tensor) or not weight.requires_grad:
+            return weight
+        if id(weight) not in banked:
+            grads = _GradBank()
+            banked[id(weight)] = _BankedWeight(_SequenceWeight.apply(weight, grads), grads)
+        return banked[id(weight)]
+
+    blocks = tuple(
+        block._replace(
+            qkv_w=bank(block.qkv_w), mlp=tuple((bank(w), b) for w, b in block.mlp)
+        )
+        for block in weights.blocks
+    )
+    gate_w = None if weights.gate_w is None else bank(weights.gate_w)
+    return weights._replace(blocks=blocks, gate_w=gate_w)
+
+
 def fast_cell_step(
     cell: RelationalMemoryCell, rows: Tensor, state: RMCState
 ) -> tuple[Tensor, RMCState]:
@@ -315,6 +409,7 @@ def fast_sequence(
     state: RMCState,
     lengths: Tensor | None,
     step_fn: StepFn = _step,
+    defer_weight_grads: bool = True,
 ) -> tuple[Tensor, RMCState]:
     """The whole sequence, equal to ``run_cell_loop`` over :meth:`RelationalMemoryCell.step`.
 
@@ -324,6 +419,10 @@ def fast_sequence(
         state: validated initial :class:`RMCState` (``memory [B, N, M]``).
         lengths: optional ``[B]`` int64 valid lengths in ``0..T``.
         step_fn: the recurrent step (:func:`_step`, or a compiled version of it).
+        defer_weight_grads: E10: compute each in-loop weight's gradient once per sequence, as
+            one GEMM over all T·B rows, instead of one small GEMM per step (only when grad
+            mode is on; :class:`FastRelationalMemory` turns it off for its compiled, graphed
+            and autocast runs).
 
     Returns:
         ``(outputs [T, B, N·M], final state)``; outputs past an example's length are zero and
@@ -334,6 +433,8 @@ def fast_sequence(
     spec = _step_spec(cell.config)
     weights = _gather_weights(cell)
     hoisted = _hoist(cell, weights, rows)
+    if defer_weight_grads and torch.is_grad_enabled():
+        weights = _defer_weight_grads(weights)
     memory, hidden = state.memory, state.hidden
     memories, hiddens = [], []
     # unbind, not indexing: the backward of x[t] would zero-fill a [T, ...] buffer per step
@@ -460,7 +561,10 @@ class FastRelationalMemory(nn.Module):
 
         dtype = self.core.cell.input_projection.weight.dtype
         with self._autocast(rows.device):
-            outputs, final = fast_sequence(self.core.cell, rows, state, lengths, self._step_fn)
+            outputs, final = fast_sequence(
+                self.core.cell, rows, state, lengths, self._step_fn,
+                defer_weight_grads=not (self.compile or self.cuda_graph or self.matmul_dtype),
+            )
         outputs = outputs.to(dtype)
         final = RMCState(*(None if s is None else s.to(dtype) for s in final))
         return outputs, final
