@@ -13,7 +13,8 @@ For each configuration it times, on one device and in one process:
 
 Each implementation is timed for the forward pass (under ``torch.no_grad``) and for forward +
 backward of ``output.sum() + final_state.sum()``: ``--warmup`` untimed runs, then ``--repeat``
-timed runs, median reported (and min/max). Throughput is time steps × batch per second. Peak
+timed runs taken round-robin over the implementations (so a busy spell of a shared machine hits
+all of them), median reported (and min/max). Throughput is time steps × batch per second. Peak
 memory is the CUDA allocator's peak on CUDA; on the CPU it is the bytes autograd saves for the
 backward pass (the activation memory), counted with ``saved_tensors_hooks``.
 
@@ -212,20 +213,19 @@ def _final_tensors(final: Any) -> list[Tensor]:
     return [t for t in final if isinstance(t, Tensor)]
 
 
-def _time(fn: Callable[[], None], device: torch.device, warmup: int, repeat: int) -> list[float]:
-    """Milliseconds of each of ``repeat`` calls after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
+def _passes(module: nn.Module, inputs: Tensor) -> dict[str, Callable[[], None]]:
+    """The two timed passes: forward under ``no_grad``, and forward + backward."""
+
+    def forward() -> None:
+        with torch.no_grad():
+            module(inputs)
+
+    def train() -> None:
+        output, final = module(inputs)
+        loss = output.sum() + sum(t.sum() for t in _final_tensors(final))
+        loss.backward()
+
+    return {"forward": forward, "train": train}
 
 
 def _saved_bytes(run: Callable[[], Any]) -> int:
@@ -242,48 +242,65 @@ def _saved_bytes(run: Callable[[], Any]) -> int:
     return sum(seen.values())
 
 
-def bench_one(
-    module: nn.Module, inputs: Tensor, device: torch.device, warmup: int, repeat: int
-) -> dict[str, Any]:
-    """Forward (no grad) and forward+backward timings of one module on one input.
+def bench_interleaved(
+    modules: dict[str, nn.Module],
+    inputs: Tensor,
+    device: torch.device,
+    warmup: int,
+    repeat: int,
+) -> dict[str, dict[str, Any]]:
+    """Forward (no grad) and forward+backward timings of several modules on one input.
+
+    The modules are timed round-robin (repeat r runs every module once before repeat r + 1),
+    so a slow spell of a shared machine hits every implementation alike.
 
     Args:
-        module: maps ``inputs`` to ``(output, final_state)``.
+        modules: each maps ``inputs`` to ``(output, final_state)``.
         inputs: ``[T, B, F]``.
 
     Returns:
-        Median/min/max ms for both passes, throughput (steps × batch / s) and peak memory.
+        Per module and pass: median/min/max ms, every time, throughput (steps × batch / s) and
+        peak memory.
     """
     steps, batch = inputs.shape[:2]
-
-    def forward() -> None:
-        with torch.no_grad():
-            module(inputs)
-
-    def train() -> None:
-        output, final = module(inputs)
-        loss = output.sum() + sum(t.sum() for t in _final_tensors(final))
-        loss.backward()
-
-    result: dict[str, Any] = {}
-    for name, fn in (("forward", forward), ("train", train)):
-        module.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        times = _time(fn, device, warmup, repeat)
-        median = statistics.median(times)
-        result[name] = {
-            "median_ms": median,
-            "min_ms": min(times),
-            "max_ms": max(times),
-            "items_per_s": steps * batch / (median / 1e3),
-            "times_ms": times,
-        }
-        if device.type == "cuda":
-            result[name]["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device)
+    passes = {name: _passes(module, inputs) for name, module in modules.items()}
+    results: dict[str, dict[str, Any]] = {name: {} for name in modules}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
+    for kind in ("forward", "train"):
+        peaks: dict[str, int] = {}
+        for name, fns in passes.items():
+            modules[name].zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            for _ in range(warmup):
+                fns[kind]()
+            sync(device)
+            if device.type == "cuda":
+                peaks[name] = torch.cuda.max_memory_allocated(device)
+        times: dict[str, list[float]] = {name: [] for name in modules}
+        for _ in range(repeat):
+            for name, fns in passes.items():
+                start = time.perf_counter()
+                fns[kind]()
+                sync(device)
+                times[name].append((time.perf_counter() - start) * 1e3)
+        for name, values in times.items():
+            median = statistics.median(values)
+            results[name][kind] = {
+                "median_ms": median,
+                "min_ms": min(values),
+                "max_ms": max(values),
+                "items_per_s": steps * batch / (median / 1e3),
+                "times_ms": values,
+            }
+            if name in peaks:
+                results[name][kind]["peak_memory_bytes"] = peaks[name]
     if device.type == "cpu":
-        result["train"]["saved_activation_bytes"] = _saved_bytes(lambda: module(inputs))
-    return result
+        for name, module in modules.items():
+            results[name]["train"]["saved_activation_bytes"] = _saved_bytes(
+                lambda module=module: module(inputs)
+            )
+    return results
 
 
 def _implementations(
@@ -322,11 +339,10 @@ def run_config(
     torch.manual_seed(1)
     inputs = torch.randn(steps, batch, config.rmc["input_size"], device=device)
     rmc_params = sum(p.numel() for p in impls["reference"].parameters())
+    selected = {k: v for k, v in impls.items() if not args.only or k in args.only}
+    timings = bench_interleaved(selected, inputs, device, args.warmup, args.repeat)
     records = []
-    for impl, module in impls.items():
-        if args.only and impl not in args.only:
-            continue
-        timing = bench_one(module, inputs, device, args.warmup, args.repeat)
+    for impl, module in selected.items():
         record = {
             "config": name,
             "implementation": impl,
@@ -338,7 +354,7 @@ def run_config(
             "note": config.note,
             "parameters": sum(p.numel() for p in module.parameters()),
             "rmc_parameters": rmc_params,
-            **timing,
+            **timings[impl],
         }
         if impl.startswith("lstm"):
             hidden = module.lstm.hidden_size
