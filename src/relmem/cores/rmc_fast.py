@@ -116,9 +116,8 @@ def _gather_weights(cell: RelationalMemoryCell) -> _Weights:
         constant = cell.gate_biases.repeat_interleave(g)  # [W]
     else:
         values = [cfg.input_bias, cfg.forget_bias, cfg.output_bias][: cfg.num_gates]
-        weight = cell.memory_gate.weight
-        constant = torch.tensor(values, device=weight.device, dtype=weight.dtype)
-        constant = constant.repeat_interleave(g)
+        # new_full, not torch.tensor: no host-to-device copy, so CUDA graph capture works.
+        constant = torch.cat([cell.memory_gate.bias.new_full((g,), v) for v in values])
     # ±inf constants stay ±inf after the sum; the reference adds them last to finite values,
     # so σ sees the same ±inf and passes a zero gradient either way.
     gate_bias = cell.memory_gate.bias + cell.input_gate.bias + constant
@@ -153,14 +152,16 @@ class _SequenceWeight(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, weight: Tensor, bank: _GradBank) -> Tensor:
         ctx.bank = bank
+        ctx.set_materialize_grads(False)  # every use returns None for the weight
         return weight.view_as(weight)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+    def backward(ctx: Any, grad: Tensor | None) -> tuple[Tensor | None, None]:
         bank = ctx.bank
         if bank.grads:
-            grad = grad + torch.cat(bank.grads).t() @ torch.cat(bank.inputs)  # [out, in]
+            banked = torch.cat(bank.grads).t() @ torch.cat(bank.inputs)  # [out, in]
+            grad = banked if grad is None else grad + banked
         bank.inputs, bank.grads = [], []
         return grad, None
 
@@ -184,8 +185,8 @@ class _LinearDeferred(torch.autograd.Function):
         ctx.bank.inputs.append(x.reshape(-1, x.shape[-1]))  # [rows, in]
         ctx.bank.grads.append(grad_rows)
         grad_bias = grad_rows.sum(0) if ctx.has_bias else None
-        # The weight's gradient here is zero; _SequenceWeight adds the banked products.
-        return grad @ weight, weight.new_zeros(()).expand_as(weight), grad_bias, None
+        # No weight gradient here: _SequenceWeight computes it from the bank.
+        return grad @ weight, None, grad_bias, None
 
 
 Weight = Tensor | _BankedWeight
@@ -570,9 +571,9 @@ class FastRelationalMemory(nn.Module):
         return outputs, final
 
     def _graphed(self, rows: Tensor, state: RMCState) -> Callable[..., Any]:
-        key = (tuple(rows.shape), rows.dtype, rows.device, torch.is_grad_enabled())
+        args = (rows, *(s for s in state if s is not None))
+        key = (tuple(rows.shape), rows.dtype, rows.device, tuple(a.requires_grad for a in args))
         if key not in self._graphs:
-            args = (rows, *(s for s in state if s is not None))
             sample = tuple(a.detach().clone().requires_grad_(a.requires_grad) for a in args)
             self._graphs[key] = torch.cuda.make_graphed_callables(
                 _GraphedSequence(self), sample, num_warmup_iters=3
