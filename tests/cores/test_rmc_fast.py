@@ -230,7 +230,8 @@ def test_input_erasure_is_bitwise_on_the_fast_path() -> None:
 
 def test_plan_lists_the_equivalences() -> None:
     core = RelationalMemory(192, 1, 192, 4, key_size=64, attention_mlp_layers=3)
-    assert fast_path_plan(core.config) == ["E1", "E2", "E3", "E4", "E5", "E6", "E7", "E12"]
+    assert fast_path_plan(core.config) == ["E1", "E2", "E3", "E4", "E5", "E6", "E7", "E10",
+                                            "E12"]
     cell_plan = fast_path_plan(core.config, sequence=False)
     assert cell_plan == ["E4", "E5", "E6", "E7"]
 
@@ -278,3 +279,24 @@ def test_cuda_paths_match_reference(case: str, mode: str) -> None:
         state = _states(core, 4, torch.float32)
         state = RMCState(*(None if s is None else s.cuda() for s in state))
         _compare(core, fast, inputs, state, tol)
+
+
+def test_deferred_weight_grads_with_autograd_grad_and_retain_graph() -> None:
+    """E10's banked weight gradients under torch.autograd.grad and a retained second pass."""
+    core = _build(torch.float64, num_blocks=2)
+    fast = _fast_copy(core)
+    inputs = _input(core, 5, 3, torch.float64)
+    weight = "cell.blocks.1.qkv.weight"
+    grads = []
+    for module in (core, fast):
+        output, _ = module(inputs)
+        loss = output.pow(2).sum()
+        (only,) = torch.autograd.grad(loss, [dict(module.named_parameters())[weight]],
+                                      retain_graph=True)
+        module.zero_grad(set_to_none=True)
+        loss.backward(retain_graph=True)
+        loss.backward()
+        grads.append((only, dict(module.named_parameters())[weight].grad))
+    _assert_close("autograd.grad", grads[1][0], grads[0][0], 1e-10)
+    _assert_close("two backward passes", grads[1][1], grads[0][1], 1e-10)
+    _assert_close("accumulated twice", grads[1][1], 2 * grads[1][0], 1e-10)

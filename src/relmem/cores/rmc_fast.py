@@ -17,7 +17,9 @@ Three entry points:
   (block 1's input-row qkv + LayerNorm, and every block's with ``query_rows='memory'``). Lengths
   are applied once after the loop: outputs masked by one ``where``, the final state gathered
   from the stacked states at ``lengths - 1`` (E11/E12: the state of a finished example is never
-  read again, so running it on is harmless).
+  read again, so running it on is harmless). With grad mode on, every in-loop weight's gradient
+  is computed once per sequence as one GEMM over all T·B rows (E10: ``_SequenceWeight`` and
+  ``_LinearDeferred``), instead of one small GEMM per step.
 - :class:`FastRelationalMemory`, a wrapper adding the options that are not on by default:
   ``compile=True`` (``torch.compile`` of the recurrent step), ``cuda_graph=True`` (on CUDA, the
   whole fixed-shape sequence, forward and backward, captured with
@@ -89,7 +91,7 @@ def fast_path_plan(config: RMCConfig, sequence: bool = True) -> list[str]:
     if config.mem_slots == 1 and config.num_input_rows == 1:
         plan.append("E7")
     if sequence:
-        plan.append("E11" if config.output_gate else "E12")
+        plan += ["E10", "E11" if config.output_gate else "E12"]
     return plan
 
 
@@ -179,14 +181,15 @@ class _LinearDeferred(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor | None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, Tensor | None, None]:
         x, weight = ctx.saved_tensors
         grad_rows = grad.reshape(-1, grad.shape[-1])  # [rows, out]
         ctx.bank.inputs.append(x.reshape(-1, x.shape[-1]))  # [rows, in]
         ctx.bank.grads.append(grad_rows)
         grad_bias = grad_rows.sum(0) if ctx.has_bias else None
+        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
         # No weight gradient here: _SequenceWeight computes it from the bank.
-        return grad @ weight, None, grad_bias, None
+        return grad_x, None, grad_bias, None
 
 
 Weight = Tensor | _BankedWeight
