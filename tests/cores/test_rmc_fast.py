@@ -18,7 +18,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 from relmem.cores.rmc import RelationalMemory, RelationalMemoryCell, RMCState
 from relmem.cores.rmc_fast import FastRelationalMemory, fast_path_plan
 
-# (rtol, atol) for relative-RMSE style checks; see _assert_close.
+# Relative-error bounds per dtype; see _assert_close.
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 6e-2}
 
 BASE = {"input_size": 5, "mem_slots": 3, "head_size": 4, "num_heads": 2}
@@ -90,8 +90,7 @@ def _run_and_grad(core, inputs, state, out_grad, state_grad, **kwargs):
     state = RMCState(*(None if s is None else s.detach().requires_grad_() for s in state))
     core.zero_grad(set_to_none=True)
     output, final = core(inputs, state, **kwargs)
-    padded = output
-    loss = (padded * out_grad).sum()
+    loss = (output * out_grad).sum()
     for s, g in zip(final, state_grad, strict=True):
         if s is not None:
             loss = loss + (s * g).sum()
@@ -300,3 +299,18 @@ def test_deferred_weight_grads_with_autograd_grad_and_retain_graph() -> None:
     _assert_close("autograd.grad", grads[1][0], grads[0][0], 1e-10)
     _assert_close("two backward passes", grads[1][1], grads[0][1], 1e-10)
     _assert_close("accumulated twice", grads[1][1], 2 * grads[1][0], 1e-10)
+
+
+def test_auto_under_user_autocast_matches_reference() -> None:
+    """A caller's own autocast region: the default (fast) path still runs and agrees."""
+    core = _build(torch.float32, randomise=False)
+    fast = _fast_copy(core)
+    inputs = _input(core, 4, 3, torch.float32)
+    results = []
+    for module in (core, fast):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            output, final = module(inputs)
+        (output.float().sum() + final.memory.float().sum()).backward()
+        results.append((output.float(), module.cell.input_projection.weight.grad))
+    _assert_close("autocast output", results[1][0], results[0][0], TOLERANCE[torch.bfloat16])
+    _assert_close("autocast grad", results[1][1], results[0][1], TOLERANCE[torch.bfloat16])

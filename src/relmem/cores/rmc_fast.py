@@ -424,9 +424,9 @@ def fast_sequence(
         lengths: optional ``[B]`` int64 valid lengths in ``0..T``.
         step_fn: the recurrent step (:func:`_step`, or a compiled version of it).
         defer_weight_grads: E10: compute each in-loop weight's gradient once per sequence, as
-            one GEMM over all T·B rows, instead of one small GEMM per step (only when grad
-            mode is on; :class:`FastRelationalMemory` turns it off for its compiled, graphed
-            and autocast runs).
+            one GEMM over all T·B rows, instead of one small GEMM per step (only with grad mode
+            on and autocast off; :class:`FastRelationalMemory` turns it off for its compiled and
+            graphed runs).
 
     Returns:
         ``(outputs [T, B, N·M], final state)``; outputs past an example's length are zero and
@@ -437,7 +437,9 @@ def fast_sequence(
     spec = _step_spec(cell.config)
     weights = _gather_weights(cell)
     hoisted = _hoist(cell, weights, rows)
-    if defer_weight_grads and torch.is_grad_enabled():
+    # Autocast would hand the deferred linears mixed dtypes; E10 is for full-precision runs.
+    autocast = torch.is_autocast_enabled(rows.device.type)
+    if defer_weight_grads and torch.is_grad_enabled() and not autocast:
         weights = _defer_weight_grads(weights)
     memory, hidden = state.memory, state.hidden
     memories, hiddens = [], []
@@ -567,7 +569,7 @@ class FastRelationalMemory(nn.Module):
         with self._autocast(rows.device):
             outputs, final = fast_sequence(
                 self.core.cell, rows, state, lengths, self._step_fn,
-                defer_weight_grads=not (self.compile or self.cuda_graph or self.matmul_dtype),
+                defer_weight_grads=not (self.compile or self.cuda_graph),
             )
         outputs = outputs.to(dtype)
         final = RMCState(*(None if s is None else s.to(dtype) for s in final))
