@@ -51,6 +51,7 @@ def plot(path: Path, out: Path) -> None:
         [f"{c}\n{r['steps']}×{r['batch']}" for c, r in _first_records(payload).items()]
     )
     ax.set_yscale("log")
+    ax.set_ylim(top=ax.get_ylim()[1] * 3)  # room for the ratio labels
     ax.set_ylabel("forward + backward, median ms")
     ax.set_title(f"RMC vs nn.LSTM ({device}, torch {machine['torch']}); "
                  "labels: ÷ equal-parameter LSTM", fontsize=9)
