@@ -39,7 +39,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,6 @@ class BenchConfig:
     shape: tuple[int, int]
     cpu_shape: tuple[int, int]
     note: str = ""
-    tags: tuple[str, ...] = field(default_factory=tuple)
 
 
 CONFIGS: dict[str, BenchConfig] = {
