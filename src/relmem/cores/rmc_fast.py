@@ -115,7 +115,7 @@ def _gather_weights(cell: RelationalMemoryCell) -> _Weights:
     assert cell.input_gate is not None and cell.memory_gate is not None
     g = cfg.gate_size
     if cell.gate_biases is not None:
-        constant = cell.gate_biases.repeat_interleave(g)  # [W]
+        constant = cell.gate_biases.unsqueeze(1).expand(-1, g).reshape(-1)  # [W]
     else:
         values = [cfg.input_bias, cfg.forget_bias, cfg.output_bias][: cfg.num_gates]
         # new_full, not torch.tensor: no host-to-device copy, so CUDA graph capture works.
@@ -507,8 +507,10 @@ class FastRelationalMemory(nn.Module):
             to float rounding.
         cuda_graph: on CUDA, capture the whole sequence, forward and backward, in CUDA graphs
             per input shape (``torch.cuda.make_graphed_callables``). Used only for calls
-            without ``lengths`` and with an explicit or default state of fixed shape; other
-            calls run uncaptured. Parameters must not be replaced (in-place updates are fine).
+            with grad mode on and without ``lengths``; other calls run uncaptured. Parameters
+            must not be replaced (in-place optimizer updates are fine), and the returned
+            tensors live in the graph's static buffers: the next call of the same shape
+            overwrites them, so clone what must outlive it.
         matmul_dtype: None (the parameters' dtype) or ``torch.bfloat16``/``torch.float16``:
             autocast the matmuls; LayerNorm statistics, softmax and the recurrent state stay
             fp32. Not exact (spec section 10): tests use bf16 tolerances.
