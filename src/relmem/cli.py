@@ -12,6 +12,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     # name: (module exposing main(argv) -> int, one-line help)
     "demo": ("relmem.demo", "build an RMC and run a batch of random sequences through it"),
+    "bench": ("relmem.bench", "time the RMC (reference, fast) against nn.LSTM; write JSON"),
 }
 
 

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from relmem.cores.base import (
+    SequenceInput,
     check_state_tensor,
     finish_sequence,
     prepare_sequence,
@@ -29,6 +30,16 @@ from relmem.cores.base import (
 )
 
 GateStyle = Literal["unit", "memory"] | None
+Implementation = Literal["auto", "reference", "fast"]
+
+
+def _check_implementation(name: str, implementation: str) -> str:
+    if implementation not in ("auto", "reference", "fast"):
+        raise ValueError(
+            f"{name}: implementation must be 'auto', 'reference' or 'fast', "
+            f"got {implementation!r}"
+        )
+    return implementation
 
 
 class RMCState(NamedTuple):
@@ -302,6 +313,11 @@ class RelationalMemoryCell(nn.Module):
         output_bias: constant added to the output gate's pre-activation. Default 0.0.
         share_attention_mlp: one MLP for all blocks (Sonnet, default) or one per block.
         trainable_gate_biases: make the gate bias constants learnable scalars. Default False.
+        implementation: 'reference' (the plain step of spec section 4), 'fast' (the same
+            function with the exact rewrites of spec section 10 that apply to one step: E4,
+            E5, E6, E7; see :mod:`relmem.cores.rmc_fast`) or 'auto' (default: 'fast', except
+            for ``return_details=True``, which needs every row's attention weights and always
+            runs the reference).
         device, dtype: factory arguments for every parameter.
 
     Shapes:
@@ -330,6 +346,7 @@ class RelationalMemoryCell(nn.Module):
         output_bias: float = 0.0,
         share_attention_mlp: bool = True,
         trainable_gate_biases: bool = False,
+        implementation: Implementation = "auto",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -353,6 +370,7 @@ class RelationalMemoryCell(nn.Module):
             trainable_gate_biases=trainable_gate_biases,
         )
         self.config = config
+        self.implementation = _check_implementation(type(self).__name__, implementation)
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         m, n = config.mem_size, config.num_input_rows
         self.input_projection = nn.Linear(input_size, m, **factory)
@@ -610,10 +628,12 @@ class RelationalMemoryCell(nn.Module):
             state = self.initial_state(rows.shape[0])
         else:
             state = self.check_state(state, rows.shape[0])
-        output, new_state, details = self.step(rows, state)
-        if return_details:
-            return output, new_state, details
-        return output, new_state
+        if return_details or self.implementation == "reference":
+            output, new_state, details = self.step(rows, state)
+            return (output, new_state, details) if return_details else (output, new_state)
+        from relmem.cores.rmc_fast import fast_cell_step
+
+        return fast_cell_step(self, rows, state)
 
 
 class RelationalMemory(nn.Module):
@@ -633,6 +653,12 @@ class RelationalMemory(nn.Module):
             (default False, as ``nn.LSTM``). The state is batch-leading either way.
         query_rows, output_gate, output_bias, share_attention_mlp, trainable_gate_biases:
             the variants of spec section 9, off by default.
+        implementation: 'reference' (the plain time loop over ``cell.step``, the test oracle),
+            'fast' (:func:`relmem.cores.rmc_fast.fast_sequence`: input-only work hoisted out of
+            the loop and the step rewritten with the exact equivalences of spec section 10;
+            every option is supported) or 'auto' (default; currently always 'fast', which
+            matches the reference to float rounding). bf16, ``torch.compile`` and CUDA graphs
+            are opt-in through :class:`relmem.cores.rmc_fast.FastRelationalMemory`.
         device, dtype: factory arguments for every parameter.
 
     Shapes:
@@ -666,11 +692,13 @@ class RelationalMemory(nn.Module):
         output_bias: float = 0.0,
         share_attention_mlp: bool = True,
         trainable_gate_biases: bool = False,
+        implementation: Implementation = "auto",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.batch_first = batch_first
+        self.implementation = _check_implementation(type(self).__name__, implementation)
         self.cell = RelationalMemoryCell(
             input_size,
             mem_slots,
@@ -688,6 +716,7 @@ class RelationalMemory(nn.Module):
             output_bias=output_bias,
             share_attention_mlp=share_attention_mlp,
             trainable_gate_biases=trainable_gate_biases,
+            implementation=implementation,
             device=device,
             dtype=dtype,
         )
@@ -719,7 +748,28 @@ class RelationalMemory(nn.Module):
         return self.cell.initial_state(batch_size, device=device, dtype=dtype)
 
     def extra_repr(self) -> str:
-        return f"batch_first={self.batch_first}"
+        return f"batch_first={self.batch_first}, implementation={self.implementation!r}"
+
+    def prepare(
+        self,
+        input: Tensor | PackedSequence,
+        state: RMCState | Tensor | None,
+        lengths: Tensor | Sequence[int] | None,
+    ) -> tuple[SequenceInput, Tensor, RMCState]:
+        """Validate a sequence call's arguments.
+
+        Returns:
+            ``(sequence, rows [T, B, n, F], state)`` with the state validated or initial.
+        """
+        cell = self.cell
+        min_rank = 3 if cell.config.input_rows is None else 4
+        seq = prepare_sequence(input, lengths, self.batch_first, min_rank, type(self).__name__)
+        steps = seq.inputs.shape[0]
+        rows = cell.check_step_input(seq.inputs.flatten(0, 1))  # [T·B, n, F]
+        rows = rows.view(steps, -1, *rows.shape[1:])  # [T, B, n, F]
+        batch = rows.shape[1]
+        state = cell.initial_state(batch) if state is None else cell.check_state(state, batch)
+        return seq, rows, state
 
     def forward(
         self,
@@ -740,13 +790,12 @@ class RelationalMemory(nn.Module):
             ``(output [T, B, N·M], final_state)`` in the input's layout.
         """
         cell = self.cell
-        min_rank = 3 if cell.config.input_rows is None else 4
-        seq = prepare_sequence(input, lengths, self.batch_first, min_rank, type(self).__name__)
-        steps = seq.inputs.shape[0]
-        rows = cell.check_step_input(seq.inputs.flatten(0, 1))  # [T·B, n, F]
-        rows = rows.view(steps, -1, *rows.shape[1:])  # [T, B, n, F]
-        batch = rows.shape[1]
-        state = cell.initial_state(batch) if state is None else cell.check_state(state, batch)
+        seq, rows, state = self.prepare(input, state, lengths)
+        if self.implementation != "reference":
+            from relmem.cores.rmc_fast import fast_sequence
+
+            outputs, final_state = fast_sequence(cell, rows, state, seq.lengths)
+            return finish_sequence(outputs, seq, self.batch_first), final_state
 
         def step(rows_t: Tensor, state_t: RMCState) -> tuple[Tensor, RMCState]:
             output, new_state, _ = cell.step(rows_t, state_t)

@@ -1,0 +1,326 @@
+"""The fast RMC path against the reference (specs/rmc.md section 10, style.md section 4).
+
+Each case builds one core, copies it, runs the reference and the fast path on the same input
+and initial state, draws random upstream gradients for the output and the final state, and
+compares outputs, final states, input gradients, initial-state gradients and every parameter's
+gradient: ~1e-10 in float64, per-dtype tolerances in float32 and bf16.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence
+
+from relmem.cores.rmc import RelationalMemory, RelationalMemoryCell, RMCState
+from relmem.cores.rmc_fast import FastRelationalMemory, fast_path_plan
+
+# Relative-error bounds per dtype; see _assert_close.
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 6e-2}
+
+BASE = {"input_size": 5, "mem_slots": 3, "head_size": 4, "num_heads": 2}
+
+# Every option of spec sections 2 and 9, one case each, plus shapes that switch E5/E7 on/off.
+CASES = {
+    "default": {},
+    "memory-gate": {"gate_style": "memory"},
+    "no-gate": {"gate_style": None},
+    "key-size": {"key_size": 3, "attention_mlp_layers": 3},
+    "mlp-1": {"attention_mlp_layers": 1},
+    "blocks-3": {"num_blocks": 3},
+    "blocks-2-per-block-mlp": {"num_blocks": 2, "share_attention_mlp": False},
+    "query-memory-b1": {"query_rows": "memory"},
+    "query-memory-b2": {"query_rows": "memory", "num_blocks": 2},
+    "output-gate": {"output_gate": True, "output_bias": 0.5},
+    "output-gate-memory": {"output_gate": True, "gate_style": "memory", "num_blocks": 2},
+    "trainable-biases": {"trainable_gate_biases": True, "forget_bias": 0.7, "input_bias": -0.2},
+    "trainable-biases-output": {"trainable_gate_biases": True, "output_gate": True},
+    "matrix-input": {"input_rows": 3},
+    "matrix-blocks-2": {"input_rows": 2, "num_blocks": 2, "mem_slots": 1},
+    "one-slot-e7": {"mem_slots": 1, "num_heads": 3, "key_size": 2},
+    "one-slot-e7-blocks-2": {"mem_slots": 1, "num_blocks": 2},
+    "more-slots-than-width": {"mem_slots": 6, "num_heads": 1, "head_size": 3},
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """These cases are tiny; on a shared 2-core machine two intra-op threads spend most of
+    their time waiting for each other (93 s against 5 s for this file, measured)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _randomise(module: torch.nn.Module, generator: torch.Generator) -> None:
+    """Perturb every parameter (LN γ/β and biases included) so no term is trivially 0 or 1."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+
+
+def _build(dtype: torch.dtype, randomise: bool = True, **overrides) -> RelationalMemory:
+    """A reference core; ``randomise`` perturbs every parameter (off for bf16 checks, whose
+    error grows with the conditioning the perturbation adds)."""
+    torch.manual_seed(0)
+    core = RelationalMemory(**{**BASE, **overrides}, implementation="reference", dtype=dtype)
+    if randomise:
+        _randomise(core, torch.Generator().manual_seed(1))
+    return core
+
+
+def _assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
+    """Relative RMSE (‖got − want‖ / ‖want‖) below ``tol``; NaN never passes."""
+    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    diff = (got.double() - want.double()).norm().item()
+    scale = want.double().norm().item()
+    error = diff / max(scale, 1e-30)
+    assert math.isfinite(error) and (error <= tol or diff <= tol), (
+        f"{name}: relative error {error:.3e} > {tol:.1e}"
+    )
+
+
+def _states(core: RelationalMemory, batch: int, dtype: torch.dtype) -> RMCState:
+    """A random initial state requiring grad (hidden too with output_gate)."""
+    state = core.initial_state(batch)
+    memory = (state.memory + 0.5 * torch.randn_like(state.memory)).requires_grad_()
+    hidden = None
+    if state.hidden is not None:
+        hidden = torch.tanh(torch.randn_like(state.hidden)).requires_grad_()
+    return RMCState(memory, hidden)
+
+
+def _run_and_grad(core, inputs, state, out_grad, state_grad, **kwargs):
+    """Run ``core``, back-propagate the random upstream gradients, return everything."""
+    inputs = inputs.detach().requires_grad_()
+    state = RMCState(*(None if s is None else s.detach().requires_grad_() for s in state))
+    core.zero_grad(set_to_none=True)
+    output, final = core(inputs, state, **kwargs)
+    loss = (output * out_grad).sum()
+    for s, g in zip(final, state_grad, strict=True):
+        if s is not None:
+            loss = loss + (s * g).sum()
+    loss.backward()
+    grads = {n: p.grad for n, p in core.named_parameters()}
+    state_grads = tuple(None if s is None else s.grad for s in state)
+    return output, final, inputs.grad, state_grads, grads
+
+
+def _compare(reference, fast, inputs, state, tol, **kwargs):
+    """Reference vs fast: outputs, final state and every gradient."""
+    torch.manual_seed(123)
+    out_ref = reference(inputs, state, **kwargs)[0]
+    out_grad = torch.randn_like(out_ref)
+    state_grad = tuple(None if s is None else torch.randn_like(s) for s in state)
+    ref = _run_and_grad(reference, inputs, state, out_grad, state_grad, **kwargs)
+    got = _run_and_grad(fast, inputs, state, out_grad, state_grad, **kwargs)
+    _assert_close("output", got[0], ref[0], tol)
+    for field, g, r in zip(("memory", "hidden"), got[1], ref[1], strict=True):
+        assert (g is None) == (r is None)
+        if r is not None:
+            _assert_close(f"final {field}", g, r, tol)
+    _assert_close("input grad", got[2], ref[2], tol)
+    for field, g, r in zip(("memory", "hidden"), got[3], ref[3], strict=True):
+        if r is not None:
+            _assert_close(f"initial {field} grad", g, r, tol)
+    ref_params = {n.removeprefix("core."): v for n, v in ref[4].items()}
+    got_params = {n.removeprefix("core."): v for n, v in got[4].items()}
+    assert got_params.keys() == ref_params.keys()
+    for name, r in ref_params.items():
+        assert r is not None and got_params[name] is not None, name
+        _assert_close(f"grad {name}", got_params[name], r, tol)
+
+
+def _input(core: RelationalMemory, steps: int, batch: int, dtype: torch.dtype) -> torch.Tensor:
+    cfg = core.config
+    rows = () if cfg.input_rows is None else (cfg.input_rows,)
+    return torch.randn(steps, batch, *rows, cfg.input_size, dtype=dtype)
+
+
+def _fast_copy(core: RelationalMemory) -> RelationalMemory:
+    fast = copy.deepcopy(core)
+    fast.implementation = "fast"
+    fast.cell.implementation = "fast"
+    return fast
+
+
+F32_CASES = ["default", "blocks-3", "output-gate-memory", "matrix-blocks-2", "one-slot-e7"]
+
+
+@pytest.mark.parametrize(
+    ("case", "dtype"),
+    [(c, torch.float64) for c in CASES] + [(c, torch.float32) for c in F32_CASES],
+    ids=[f"{c}-f64" for c in CASES] + [f"{c}-f32" for c in F32_CASES],
+)
+def test_sequence_matches_reference(case: str, dtype: torch.dtype) -> None:
+    core = _build(dtype, **CASES[case])
+    inputs = _input(core, steps=6, batch=4, dtype=dtype)
+    state = _states(core, 4, dtype)
+    _compare(core, _fast_copy(core), inputs, state, TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("case", ["default", "output-gate", "one-slot-e7", "query-memory-b2"])
+def test_sequence_with_lengths_matches_reference(case: str) -> None:
+    core = _build(torch.float64, **CASES[case])
+    inputs = _input(core, steps=5, batch=4, dtype=torch.float64)
+    state = _states(core, 4, torch.float64)
+    lengths = torch.tensor([5, 0, 2, 3])
+    _compare(core, _fast_copy(core), inputs, state, 1e-10, lengths=lengths)
+
+
+def test_packed_and_batch_first_match_reference() -> None:
+    core = _build(torch.float64, batch_first=True)
+    fast = _fast_copy(core)
+    inputs = torch.randn(3, 5, 5, dtype=torch.float64)  # [B, T, F]
+    state = _states(core, 3, torch.float64)
+    _compare(core, fast, inputs, state, 1e-10)
+    packed = pack_padded_sequence(inputs, torch.tensor([5, 2, 4]), True, enforce_sorted=False)
+    out_ref, final_ref = core(packed, state)
+    out_fast, final_fast = fast(packed, state)
+    _assert_close("packed output", out_fast.data, out_ref.data, 1e-10)
+    _assert_close("packed final", final_fast.memory, final_ref.memory, 1e-10)
+
+
+@pytest.mark.parametrize("case", ["default", "blocks-3", "query-memory-b2", "output-gate",
+                                  "matrix-input", "one-slot-e7", "no-gate"])
+def test_cell_matches_reference(case: str) -> None:
+    torch.manual_seed(0)
+    ref = RelationalMemoryCell(**{**BASE, **CASES[case]}, implementation="reference",
+                               dtype=torch.float64)
+    _randomise(ref, torch.Generator().manual_seed(1))
+    fast = copy.deepcopy(ref)
+    fast.implementation = "fast"
+    cfg = ref.config
+    rows = () if cfg.input_rows is None else (cfg.input_rows,)
+    inputs = torch.randn(4, *rows, cfg.input_size, dtype=torch.float64)
+    state = ref.initial_state(4)
+    state = RMCState(*(None if s is None else s + 0.3 * torch.randn_like(s) for s in state))
+    results = []
+    for cell in (ref, fast):
+        x = inputs.clone().requires_grad_()
+        s = RMCState(*(None if t is None else t.clone().requires_grad_() for t in state))
+        out, new = cell(x, s)
+        torch.manual_seed(5)
+        loss = (out * torch.randn_like(out)).sum()
+        loss = loss + (new.memory * torch.randn_like(new.memory)).sum()
+        cell.zero_grad()
+        loss.backward()
+        results.append((out, new.memory, x.grad, s.memory.grad,
+                        [p.grad for p in cell.parameters()]))
+    for name, got, want in zip(("output", "memory", "input grad", "state grad"),
+                               results[1][:4], results[0][:4], strict=True):
+        _assert_close(name, got, want, 1e-10)
+    for got, want in zip(results[1][4], results[0][4], strict=True):
+        _assert_close("param grad", got, want, 1e-10)
+
+
+def test_auto_is_fast_and_details_use_reference() -> None:
+    core = RelationalMemory(**BASE)
+    assert core.implementation == "auto" and core.cell.implementation == "auto"
+    out, state, details = core.cell(torch.randn(2, 5), return_details=True)
+    assert details.attention[0].shape == (2, 2, 4, 4)  # all N+n query rows: the reference
+    with pytest.raises(ValueError, match="implementation"):
+        RelationalMemory(**BASE, implementation="cuda")
+
+
+def test_input_erasure_is_bitwise_on_the_fast_path() -> None:
+    """Spec 12.6 on the fast cell: forget +inf, input −inf keeps the memory bitwise."""
+    for style in ("unit", "memory"):
+        cell = RelationalMemoryCell(**BASE, gate_style=style, forget_bias=math.inf,
+                                    input_bias=-math.inf, implementation="fast")
+        state = cell.initial_state(2)
+        _, new = cell(torch.ones(2, 5), state)
+        assert torch.equal(new.memory, state.memory)
+
+
+def test_plan_lists_the_equivalences() -> None:
+    core = RelationalMemory(192, 1, 192, 4, key_size=64, attention_mlp_layers=3)
+    assert fast_path_plan(core.config) == ["E1", "E2", "E3", "E4", "E5", "E6", "E7", "E10",
+                                            "E12"]
+    cell_plan = fast_path_plan(core.config, sequence=False)
+    assert cell_plan == ["E4", "E5", "E6", "E7"]
+
+
+def test_bf16_matmuls_on_cpu_within_bf16_tolerance() -> None:
+    """The autocast path (bf16 matmuls, fp32 LN/softmax/state) on CPU; exercises the code the
+    CUDA bf16 path runs."""
+    core = _build(torch.float32, randomise=False)
+    fast = FastRelationalMemory(copy.deepcopy(core), matmul_dtype=torch.bfloat16)
+    inputs = _input(core, 6, 4, torch.float32)
+    state = _states(core, 4, torch.float32)
+    out, final = fast(inputs, state)
+    assert out.dtype == torch.float32 and final.memory.dtype == torch.float32
+    _compare(core, fast, inputs, state, TOLERANCE[torch.bfloat16])
+
+
+@pytest.mark.slow
+def test_compiled_step_matches_reference() -> None:
+    core = _build(torch.float32, **CASES["default"])
+    fast = FastRelationalMemory(copy.deepcopy(core), compile=True)
+    inputs = _input(core, 4, 3, torch.float32)
+    _compare(core, fast, inputs, _states(core, 3, torch.float32), TOLERANCE[torch.float32])
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@CUDA
+@pytest.mark.parametrize("case", ["default", "blocks-3", "output-gate", "one-slot-e7",
+                                  "matrix-input", "query-memory-b2"])
+@pytest.mark.parametrize("mode", ["eager", "graph", "bf16", "graph-bf16", "compile"])
+def test_cuda_paths_match_reference(case: str, mode: str) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    core = _build(torch.float32, randomise="bf16" not in mode, **CASES[case]).cuda()
+    fast = FastRelationalMemory(
+        copy.deepcopy(core),
+        cuda_graph="graph" in mode,
+        matmul_dtype=torch.bfloat16 if "bf16" in mode else None,
+        compile=mode == "compile",
+    )
+    tol = TOLERANCE[torch.bfloat16 if "bf16" in mode else torch.float32]
+    for _ in range(2):  # the second call replays the captured graph
+        inputs = _input(core, 7, 4, torch.float32).cuda()
+        state = _states(core, 4, torch.float32)
+        state = RMCState(*(None if s is None else s.cuda() for s in state))
+        _compare(core, fast, inputs, state, tol)
+
+
+def test_deferred_weight_grads_with_autograd_grad_and_retain_graph() -> None:
+    """E10's banked weight gradients under torch.autograd.grad and a retained second pass."""
+    core = _build(torch.float64, num_blocks=2)
+    fast = _fast_copy(core)
+    inputs = _input(core, 5, 3, torch.float64)
+    weight = "cell.blocks.1.qkv.weight"
+    grads = []
+    for module in (core, fast):
+        output, _ = module(inputs)
+        loss = output.pow(2).sum()
+        (only,) = torch.autograd.grad(loss, [dict(module.named_parameters())[weight]],
+                                      retain_graph=True)
+        module.zero_grad(set_to_none=True)
+        loss.backward(retain_graph=True)
+        loss.backward()
+        grads.append((only, dict(module.named_parameters())[weight].grad))
+    _assert_close("autograd.grad", grads[1][0], grads[0][0], 1e-10)
+    _assert_close("two backward passes", grads[1][1], grads[0][1], 1e-10)
+    _assert_close("accumulated twice", grads[1][1], 2 * grads[1][0], 1e-10)
+
+
+def test_auto_under_user_autocast_matches_reference() -> None:
+    """A caller's own autocast region: the default (fast) path still runs and agrees."""
+    core = _build(torch.float32, randomise=False)
+    fast = _fast_copy(core)
+    inputs = _input(core, 4, 3, torch.float32)
+    results = []
+    for module in (core, fast):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            output, final = module(inputs)
+        (output.float().sum() + final.memory.float().sum()).backward()
+        results.append((output.float(), module.cell.input_projection.weight.grad))
+    _assert_close("autocast output", results[1][0], results[0][0], TOLERANCE[torch.bfloat16])
+    _assert_close("autocast grad", results[1][1], results[0][1], TOLERANCE[torch.bfloat16])
