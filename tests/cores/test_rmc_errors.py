@@ -304,3 +304,17 @@ def test_packed_sequence_and_lengths_together(core):
     packed = pack_padded_sequence(torch.randn(4, 2, 3), torch.tensor([4, 2]))
     with pytest.raises(ValueError, match=r"either a PackedSequence or `lengths`, not both"):
         core(packed, lengths=torch.tensor([4, 2]))
+
+
+@pytest.mark.parametrize("bias", ["forget_bias", "input_bias", "output_bias"])
+@pytest.mark.parametrize("value", [True, "inf", float("nan")])
+def test_modules_reject_non_float_bias_constants(bias, value):
+    for module in (RelationalMemoryCell, RelationalMemory):
+        with pytest.raises(ValueError, match=f"{bias} must be a float"):
+            module(4, 2, 3, **{bias: value})
+
+
+def test_sequence_errors_name_the_sequence_module_and_per_step_shape():
+    core = RelationalMemory(5, 2, 3)
+    with pytest.raises(ValueError, match=r"RelationalMemory \(each time step.*input_size=5.*6"):
+        core(torch.randn(4, 2, 6))

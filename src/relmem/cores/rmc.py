@@ -165,6 +165,7 @@ class RMCConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
                 raise ValueError(f"RMCConfig: {name} must be a float (±inf allowed), got {value!r}")
+            object.__setattr__(self, name, float(value))
 
     @property
     def mem_size(self) -> int:
@@ -357,15 +358,15 @@ class RelationalMemoryCell(nn.Module):
             head_size=head_size,
             num_heads=num_heads,
             num_blocks=num_blocks,
-            forget_bias=float(forget_bias),
-            input_bias=float(input_bias),
+            forget_bias=forget_bias,
+            input_bias=input_bias,
             gate_style=gate_style,
             attention_mlp_layers=attention_mlp_layers,
             key_size=key_size,
             input_rows=input_rows,
             query_rows=query_rows,
             output_gate=output_gate,
-            output_bias=float(output_bias),
+            output_bias=output_bias,
             share_attention_mlp=share_attention_mlp,
             trainable_gate_biases=trainable_gate_biases,
         )
@@ -507,9 +508,14 @@ class RelationalMemoryCell(nn.Module):
 
     # ------------------------------------------------------------------ input
 
-    def check_step_input(self, input: Tensor) -> Tensor:
-        """Validate one step's input; return it as ``[B, n, F]`` (n = 1 in vector mode)."""
-        name = type(self).__name__
+    def check_step_input(self, input: Tensor, *, caller: str | None = None) -> Tensor:
+        """Validate one step's input; return it as ``[B, n, F]`` (n = 1 in vector mode).
+
+        Args:
+            input: ``[B, F]`` / ``[B, n, F]``, trailing dims flattened.
+            caller: the name used in error messages (default: this class's).
+        """
+        name = caller or type(self).__name__
         cfg = self.config
         if not isinstance(input, Tensor):
             raise TypeError(f"{name}: input must be a torch.Tensor, got {type(input).__name__}")
@@ -764,10 +770,10 @@ class RelationalMemory(nn.Module):
         cell = self.cell
         min_rank = 3 if cell.config.input_rows is None else 4
         seq = prepare_sequence(input, lengths, self.batch_first, min_rank, type(self).__name__)
-        steps = seq.inputs.shape[0]
-        rows = cell.check_step_input(seq.inputs.flatten(0, 1))  # [T·B, n, F]
-        rows = rows.view(steps, -1, *rows.shape[1:])  # [T, B, n, F]
-        batch = rows.shape[1]
+        steps, batch = seq.inputs.shape[:2]
+        caller = f"{type(self).__name__} (each time step of the input)"
+        first = cell.check_step_input(seq.inputs[0], caller=caller)  # [B, n, F]
+        rows = seq.inputs.reshape(steps, batch, *first.shape[1:])  # [T, B, n, F]
         state = cell.initial_state(batch) if state is None else cell.check_state(state, batch)
         return seq, rows, state
 
