@@ -95,6 +95,16 @@ class InterfaceLayout:
     def size(self) -> int:
         return sum(size for _, size in self.fields)
 
+    def slice_of(self, name: str) -> slice:
+        """The slice of ξ holding field ``name`` (e.g. to initialise a gate's bias)."""
+        start = 0
+        for field, size in self.fields:
+            if field == name:
+                return slice(start, start + size)
+            start += size
+        names = ", ".join(field for field, _ in self.fields)
+        raise KeyError(f"InterfaceLayout: no field {name!r}; the fields are {names}")
+
     def split(self, interface: Tensor) -> dict[str, Tensor]:
         """Cut ``[B, size]`` into named raw (unsquashed) pieces ``[B, field size]``."""
         pieces = interface.split([size for _, size in self.fields], dim=-1)
