@@ -131,6 +131,21 @@ def test_gradients_reach_every_parameter_and_initial_state(config):
     assert state.controller[0][0].grad.abs().sum() > 0
 
 
+def test_whole_cell_step_gradcheck():
+    model = DNC(2, 3, memory_size=3, word_size=2, num_read_heads=1, output_size=2, dtype=f64)
+    cell = model.cell
+    _, state = model(seq(3, 1, 2))
+    x = torch.randn(1, 2, dtype=f64, requires_grad=True)
+    memory = state.memory.detach().requires_grad_(True)
+    reads = state.read_vectors.detach().requires_grad_(True)
+
+    def step(x, memory, reads):
+        output, new = cell.step(x, state._replace(memory=memory, read_vectors=reads))
+        return output, new.memory, new.link, new.controller[0][1]
+
+    assert torch.autograd.gradcheck(step, (x, memory, reads))
+
+
 def test_reads_of_step_t_reach_the_controller_at_t_plus_1():
     model = make()
     cell = model.cell

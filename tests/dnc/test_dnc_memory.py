@@ -292,6 +292,8 @@ def test_bad_inputs_and_states_raise_clear_errors():
     memory = DNCMemory(4, 8, 3, 2)
     with pytest.raises(ValueError, match=r"expected input \[B, input_size=4\], got shape \(2, 5\)"):
         memory(torch.randn(2, 5))
+    with pytest.raises(TypeError, match="input dtype torch.float64 differs"):
+        memory(torch.randn(2, 4, dtype=f64))
     with pytest.raises(TypeError, match="must be floating point"):
         memory(torch.ones(2, 4, dtype=torch.long))
     state = memory.initial_state(2)

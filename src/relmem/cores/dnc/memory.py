@@ -588,7 +588,13 @@ class DNCMemory(nn.Module):
             )
         if not input.is_floating_point():
             raise TypeError(f"{name}: input must be floating point, got {input.dtype}")
-        device, _ = self.factory_defaults()
+        device, dtype = self.factory_defaults()
+        autocast = torch.is_autocast_enabled(device.type)
+        if self.interface is not None and input.dtype != dtype and not autocast:
+            raise TypeError(
+                f"{name}: input dtype {input.dtype} differs from the parameters' {dtype}; "
+                f"convert the input with .to({dtype}) or the module with .to(dtype)"
+            )
         if input.device != device:
             raise ValueError(
                 f"{name}: input is on {input.device} but the module is on {device}; move one "
