@@ -4,7 +4,8 @@ The CPU preset (the defaults here) is ``deepmind/dnc``'s repeat-copy task and mo
 (spec section 14: 4 bits, pattern lengths 1–2, repeats 1–2, batch 16; controller 64, N = 16,
 W = 16, R = 4, Wh = 1, clip 20, global-norm clipping 50), with one deliberate change so it
 learns within minutes: Adam with lr 1e-3 instead of RMSProp 1e-4 (deepmind needs ~10⁵ steps).
-The LSTM baseline is an ``nn.LSTM`` with the same hidden size plus a linear read-out.
+The LSTM baseline is an ``nn.LSTM`` with the same hidden size plus a linear read-out. The
+task options (``--max-length`` etc.) make harder variants of the same task.
 
 Every ``--log-every`` steps a JSON line (step, seconds, mean loss and bit error per sequence
 over the last window) goes to stdout and to ``--out``.
@@ -77,12 +78,22 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--log-every", type=int, default=250)
     parser.add_argument("--out", type=Path, default=None)
+    task_defaults = RepeatCopy()
+    for field in ("num_bits", "min_length", "max_length", "min_repeats", "max_repeats"):
+        parser.add_argument(
+            "--" + field.replace("_", "-"),
+            type=int,
+            default=getattr(task_defaults, field),
+            help="task option (default: deepmind train.py's)",
+        )
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
-    task = RepeatCopy()  # deepmind train.py defaults
+    task = RepeatCopy(
+        args.num_bits, args.min_length, args.max_length, args.min_repeats, args.max_repeats
+    )
     model = build(args.model, task, args.hidden)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     out = args.out or Path(__file__).parent / "results" / f"repeat_copy_{args.model}.jsonl"

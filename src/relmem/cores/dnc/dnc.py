@@ -112,9 +112,13 @@ class DNCCell(nn.Module):
         num_layers: L, the paper's deep LSTM controller (default 1). Each layer sees
             ``[χ_t ; h^{l−1}_t]`` and the interface reads ``[h^1_t ; … ; h^L_t]``.
         compat: 'paper' (default) or 'deepmind' (softplus strengths, modes ``[b, f, c]``,
-            Sonnet inits, a constant +1 forget bias, ``clip_value=20``; spec 3.3). The
+            deepmind's interface field order, Sonnet's truncated-normal init of the interface
+            and output linears, a constant +1 forget bias, ``clip_value=20``; spec 3.3). The
             forget bias is a constant added to the pre-activation, as Sonnet does, not a
-            trainable bias initialised to 1.
+            trainable bias initialised to 1. The interface is one linear layer over all fields,
+            the same function class as deepmind's one linear per field (concatenate their
+            weights in deepmind's field order to convert). The LSTM weights keep PyTorch's
+            initialisation in both modes.
         clip_value: clip the controller output, its carried state and the output to ±value;
             0 disables it. None (default) means 0 with 'paper' and 20 with 'deepmind'.
         link, link_topk, usage_write_grad, dealloc_content, key_mask, link_sharpness,
