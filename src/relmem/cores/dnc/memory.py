@@ -386,14 +386,16 @@ class DNCMemory(nn.Module):
         )
 
     def check_state(self, state: Any, batch_size: int, owner: str | None = None) -> DNCMemoryState:
-        """Validate a state (any tuple with the :class:`DNCMemoryState` fields) and return it.
+        """Validate a :class:`DNCMemoryState` and return it.
 
         Raises errors that name the field and the expected versus given shape, dtype or device.
         """
         name = owner or type(self).__name__
-        if not isinstance(state, tuple):
-            raise TypeError(f"{name}: state must be a DNCMemoryState, got {type(state).__name__}")
-        state = DNCMemoryState(*(getattr(state, f) for f in DNCMemoryState._fields))
+        if not isinstance(state, DNCMemoryState):
+            raise TypeError(
+                f"{name}: state must be a DNCMemoryState (from initial_state or a previous call), "
+                f"got {type(state).__name__}"
+            )
         device, dtype = self.factory_defaults()
         b, n, w = batch_size, self.memory_size, self.word_size
         r, wh = self.num_read_heads, self.num_write_heads
