@@ -1,11 +1,19 @@
 """relmem: memory-augmented recurrent networks for PyTorch.
 
 The Relational Memory Core of Santoro et al. 2018 (:class:`RelationalMemory`,
-:class:`RelationalMemoryCell`), shaped like ``nn.LSTM`` and faithful to Sonnet v1.
+:class:`RelationalMemoryCell`), shaped like ``nn.LSTM`` and faithful to Sonnet v1; and the
+Differentiable Neural Computer of Graves et al. 2016 (:class:`DNC`, :class:`DNCCell`,
+:class:`DNCMemory`) with MemoReader's memory controller layer (:class:`MemoryControllerLayer`).
 """
 
 from relmem import sonnet
 from relmem.cores import (
+    DNC,
+    DNCCell,
+    DNCMemory,
+    DNCMemoryState,
+    DNCState,
+    MemoryControllerLayer,
     RelationalMemory,
     RelationalMemoryCell,
     RMCConfig,
@@ -17,6 +25,12 @@ from relmem.cores import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "DNC",
+    "DNCCell",
+    "DNCMemory",
+    "DNCMemoryState",
+    "DNCState",
+    "MemoryControllerLayer",
     "RMCConfig",
     "RMCState",
     "RMCStepDetails",

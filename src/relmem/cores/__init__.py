@@ -1,6 +1,14 @@
-"""Recurrent cores: the Relational Memory Core and shared sequence utilities."""
+"""Recurrent cores: the Relational Memory Core, the DNC and shared sequence utilities."""
 
 from relmem.cores.base import detach_state
+from relmem.cores.dnc import (
+    DNC,
+    DNCCell,
+    DNCMemory,
+    DNCMemoryState,
+    DNCState,
+    MemoryControllerLayer,
+)
 from relmem.cores.rmc import (
     RelationalMemory,
     RelationalMemoryCell,
@@ -10,6 +18,12 @@ from relmem.cores.rmc import (
 )
 
 __all__ = [
+    "DNC",
+    "DNCCell",
+    "DNCMemory",
+    "DNCMemoryState",
+    "DNCState",
+    "MemoryControllerLayer",
     "RMCConfig",
     "RMCState",
     "RMCStepDetails",

@@ -1,0 +1,435 @@
+"""The Differentiable Neural Computer (Graves et al. 2016): cell and sequence module.
+
+:class:`DNCCell` runs one step of ``specs/dnc.md`` section 2: the controller reads
+``[x_t ; r_{t−1}]``, its output drives :class:`~relmem.cores.dnc.memory.DNCMemory`, and the
+output is ``W_y [h_t ; r_t] + b_y``. :class:`DNC` runs the cell over a sequence with the
+``nn.LSTM`` conventions of :mod:`relmem.cores.base`.
+
+Notation: B batch, T time, X ``input_size``, Y ``output_size``, Hc ``hidden_size``, L
+``num_layers``, N ``memory_size``, W ``word_size``, R ``num_read_heads``, Wh
+``num_write_heads``, K ``link_topk``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence
+
+from relmem.cores.base import finish_sequence, prepare_sequence, run_cell_loop
+from relmem.cores.dnc.addressing import EPSILON
+from relmem.cores.dnc.controller import Controller, ControllerState
+from relmem.cores.dnc.memory import Compat, DNCMemory, DNCMemoryState, LinkKind
+
+
+class DNCState(NamedTuple):
+    """The recurrent state of a DNC (spec section 1); every tensor is batch-leading.
+
+    Attributes:
+        memory: ``[B, N, W]``. usage: ``[B, N]``.
+        link: ``[B, Wh, N, N]`` (``[B, Wh, N, K]`` values with ``link='sparse'``; None with
+            ``link='none'``). precedence: ``[B, Wh, N]`` (None with ``link='none'``).
+        read_weights: ``[B, R, N]``. write_weights: ``[B, Wh, N]``. read_vectors: ``[B, R, W]``.
+        controller: one ``(h, c)`` pair per controller layer, ``[B, Hc]`` each (``h`` alone for
+            a GRU controller).
+        link_index: ``[B, Wh, N, K]`` int64 columns of the sparse link, else None.
+    """
+
+    memory: Tensor
+    usage: Tensor
+    link: Tensor | None
+    precedence: Tensor | None
+    read_weights: Tensor
+    write_weights: Tensor
+    read_vectors: Tensor
+    controller: ControllerState
+    link_index: Tensor | None = None
+
+    @property
+    def memory_state(self) -> DNCMemoryState:
+        """The memory fields as a :class:`DNCMemoryState`."""
+        return DNCMemoryState(
+            self.memory,
+            self.usage,
+            self.link,
+            self.precedence,
+            self.read_weights,
+            self.write_weights,
+            self.read_vectors,
+            self.link_index,
+        )
+
+    @classmethod
+    def combine(cls, memory: DNCMemoryState, controller: ControllerState) -> DNCState:
+        """Build a state from the memory fields and a controller state."""
+        fields = memory._asdict()
+        link_index = fields.pop("link_index")
+        return cls(**fields, controller=controller, link_index=link_index)
+
+
+def check_step_input(
+    owner: str, input: Any, size: int, device: torch.device, dtype: torch.dtype
+) -> None:
+    """Validate one step's input ``[B, size]``: type, shape, dtype (unless autocast), device."""
+    if not isinstance(input, Tensor):
+        raise TypeError(f"{owner}: input must be a torch.Tensor, got {type(input).__name__}")
+    if input.dim() != 2 or input.shape[1] != size:
+        raise ValueError(
+            f"{owner}: expected input [B, input_size={size}], got shape {tuple(input.shape)}"
+        )
+    if input.shape[0] == 0:
+        raise ValueError(f"{owner}: the input has an empty batch axis: {tuple(input.shape)}")
+    if not input.is_floating_point():
+        raise TypeError(
+            f"{owner}: input must be a floating-point tensor, got {input.dtype}; convert "
+            "integer tokens with an embedding or one-hot first"
+        )
+    if input.dtype != dtype and not torch.is_autocast_enabled(device.type):
+        raise TypeError(
+            f"{owner}: input dtype {input.dtype} differs from the parameters' {dtype}; convert "
+            f"the input with .to({dtype}) or the module with .to(dtype)"
+        )
+    if input.device != device:
+        raise ValueError(
+            f"{owner}: input is on {input.device} but the module is on {device}; move one of "
+            "them with .to(device)"
+        )
+
+
+class DNCCell(nn.Module):
+    """One step of a Differentiable Neural Computer (``specs/dnc.md`` section 2).
+
+    Args:
+        input_size: X.
+        hidden_size: Hc, the LSTM controller's hidden size.
+        memory_size: N (default 16). word_size: W (default 16).
+        num_read_heads: R (default 4). num_write_heads: Wh (default 1).
+        output_size: Y, independent of X; None means Y = Hc.
+        num_layers: L, the paper's deep LSTM controller (default 1). Each layer sees
+            ``[χ_t ; h^{l−1}_t]`` and the interface reads ``[h^1_t ; … ; h^L_t]``.
+        compat: 'paper' (default) or 'deepmind' (softplus strengths, modes ``[b, f, c]``,
+            deepmind's interface field order, Sonnet's truncated-normal init of the interface
+            and output linears, a constant +1 forget bias, ``clip_value=20``; spec 3.3). The
+            forget bias is a constant added to the pre-activation, as Sonnet does, not a
+            trainable bias initialised to 1. The interface is one linear layer over all fields,
+            the same function class as deepmind's one linear per field (concatenate their
+            weights in deepmind's field order to convert). The LSTM weights keep PyTorch's
+            initialisation in both modes.
+        clip_value: clip the controller output, its carried state and the output to ±value;
+            0 disables it. None (default) means 0 with 'paper' and 20 with 'deepmind'.
+        link, link_topk, usage_write_grad, dealloc_content, key_mask, link_sharpness,
+            interface_clip, eps: memory options, see :class:`DNCMemory`.
+        device, dtype: factory arguments.
+
+    Shapes:
+        - input: ``[B, X]``.
+        - state: :class:`DNCState`; None means :meth:`initial_state`.
+        - output: ``[B, Y]``.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        memory_size: int = 16,
+        word_size: int = 16,
+        num_read_heads: int = 4,
+        num_write_heads: int = 1,
+        *,
+        output_size: int | None = None,
+        num_layers: int = 1,
+        compat: Compat = "paper",
+        clip_value: float | None = None,
+        link: LinkKind = "dense",
+        link_topk: int = 8,
+        usage_write_grad: bool = False,
+        dealloc_content: bool = False,
+        key_mask: bool = False,
+        link_sharpness: bool = False,
+        interface_clip: float = 0.0,
+        eps: float = EPSILON,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        name = type(self).__name__
+        for arg, value in (
+            ("input_size", input_size),
+            ("hidden_size", hidden_size),
+            ("num_layers", num_layers),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: {arg} must be an integer >= 1, got {value!r}")
+        if output_size is not None and (
+            isinstance(output_size, bool) or not isinstance(output_size, int) or output_size < 1
+        ):
+            raise ValueError(
+                f"{name}: output_size must be None or an integer >= 1, got {output_size!r}"
+            )
+        if clip_value is None:
+            clip_value = 20.0 if compat == "deepmind" else 0.0
+        if (
+            isinstance(clip_value, bool)
+            or not isinstance(clip_value, (int, float))
+            or math.isnan(clip_value)
+            or clip_value < 0
+        ):
+            raise ValueError(
+                f"{name}: clip_value must be a float >= 0 (0 disables it), got {clip_value!r}"
+            )
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.output_size = hidden_size if output_size is None else output_size
+        self.compat: Compat = compat
+        self.clip_value = float(clip_value)
+        self.memory = DNCMemory(
+            hidden_size * num_layers,
+            memory_size,
+            word_size,
+            num_read_heads,
+            num_write_heads,
+            compat=compat,
+            link=link,
+            link_topk=link_topk,
+            usage_write_grad=usage_write_grad,
+            dealloc_content=dealloc_content,
+            key_mask=key_mask,
+            link_sharpness=link_sharpness,
+            interface_clip=interface_clip,
+            eps=eps,
+            **factory,
+        )
+        self.controller = Controller(
+            input_size + self.memory.read_size,
+            hidden_size,
+            num_layers,
+            "lstm",
+            forget_bias=1.0 if compat == "deepmind" else 0.0,
+            clip_value=self.clip_value,
+            **factory,
+        )
+        self.output = nn.Linear(
+            self.controller.output_size + self.memory.read_size, self.output_size, **factory
+        )
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """PyTorch's inits ('paper'); Sonnet's truncated-normal linears ('deepmind')."""
+        self.controller.reset_parameters()
+        self.memory.reset_parameters()
+        if self.compat == "deepmind":
+            std = 1.0 / math.sqrt(self.output.in_features)
+            nn.init.trunc_normal_(self.output.weight, std=std, a=-2 * std, b=2 * std)
+            nn.init.zeros_(self.output.bias)
+        else:
+            self.output.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return (
+            f"input_size={self.input_size}, hidden_size={self.hidden_size}, "
+            f"output_size={self.output_size}, clip_value={self.clip_value}"
+        )
+
+    def factory_defaults(self) -> tuple[torch.device, torch.dtype]:
+        return self.output.weight.device, self.output.weight.dtype
+
+    def initial_state(
+        self,
+        batch_size: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> DNCState:
+        """The all-zero state of spec section 1 (deterministic; h and c are separate tensors).
+
+        Args:
+            batch_size: B.
+            device, dtype: default to the module's parameters'.
+        """
+        memory = self.memory.initial_state(batch_size, device=device, dtype=dtype)
+        controller = self.controller.initial_state(
+            batch_size, device=memory.memory.device, dtype=memory.memory.dtype
+        )
+        return DNCState.combine(memory, controller)
+
+    def check_state(self, state: Any, batch_size: int) -> DNCState:
+        """Validate a user-given :class:`DNCState`; errors name the field and shapes."""
+        name = type(self).__name__
+        if not isinstance(state, DNCState):
+            raise TypeError(
+                f"{name}: state must be a DNCState (from initial_state or a previous call), got "
+                f"{type(state).__name__}"
+            )
+        memory = self.memory.check_state(state.memory_state, batch_size, owner=name)
+        device, dtype = self.factory_defaults()
+        controller = self.controller.check_state(state.controller, batch_size, name, device, dtype)
+        return DNCState.combine(memory, controller)
+
+    def check_input(self, input: Any) -> None:
+        """Validate one step's input ``[B, X]``."""
+        device, dtype = self.factory_defaults()
+        check_step_input(type(self).__name__, input, self.input_size, device, dtype)
+
+    def step(self, input: Tensor, state: DNCState) -> tuple[Tensor, DNCState]:
+        """One step on a validated input ``[B, X]`` and state: spec section 2, steps 1–9."""
+        reads = state.read_vectors.flatten(1)  # [B, R·W], r_{t−1}
+        chi = torch.cat([input, reads.to(input.dtype)], dim=-1)  # [B, X + R·W]
+        hidden, controller = self.controller(chi, state.controller)  # [B, L·Hc]
+        assert self.memory.interface is not None
+        interface = self.memory.interface(hidden)  # [B, interface_size]
+        memory = self.memory.step(interface, state.memory_state)
+        new_reads = memory.read_vectors.flatten(1)  # [B, R·W], r_t
+        output = self.output(torch.cat([hidden, new_reads.to(hidden.dtype)], dim=-1))  # [B, Y]
+        if self.clip_value > 0:
+            output = output.clamp(-self.clip_value, self.clip_value)
+        return output, DNCState.combine(memory, controller)
+
+    def forward(self, input: Tensor, state: DNCState | None = None) -> tuple[Tensor, DNCState]:
+        """Run one time step.
+
+        Args:
+            input: ``[B, X]``.
+            state: :class:`DNCState`; None means :meth:`initial_state` on the module's device.
+
+        Returns:
+            ``(output [B, Y], new_state)``. The state is not detached.
+        """
+        self.check_input(input)
+        batch = input.shape[0]
+        state = self.initial_state(batch) if state is None else self.check_state(state, batch)
+        return self.step(input, state)
+
+
+class DNC(nn.Module):
+    """A Differentiable Neural Computer over a sequence, shaped like ``nn.LSTM``.
+
+    It runs :class:`DNCCell` (available as ``.cell``) at every step; see it for the arguments.
+
+    Args:
+        input_size, hidden_size, memory_size, word_size, num_read_heads, num_write_heads:
+            as :class:`DNCCell` (defaults N = 16, W = 16, R = 4, Wh = 1).
+        batch_first: input and output are ``[B, T, ·]`` instead of ``[T, B, ·]`` (default
+            False, as ``nn.LSTM``). The state is batch-leading either way.
+        output_size, num_layers, compat, clip_value, link, link_topk, usage_write_grad,
+            dealloc_content, key_mask, link_sharpness, interface_clip, eps, device, dtype:
+            as :class:`DNCCell`.
+
+    Shapes:
+        - input: ``[T, B, X]`` (``[B, T, X]`` with ``batch_first``) or a ``PackedSequence``.
+        - lengths: optional ``[B]`` in ``0..T``; padded steps change no state and output zero.
+        - output: ``[T, B, Y]`` (``[B, T, Y]`` with ``batch_first``), or a ``PackedSequence``.
+        - state: :class:`DNCState` in and out (the state after each example's last step).
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        memory_size: int = 16,
+        word_size: int = 16,
+        num_read_heads: int = 4,
+        num_write_heads: int = 1,
+        batch_first: bool = False,
+        *,
+        output_size: int | None = None,
+        num_layers: int = 1,
+        compat: Compat = "paper",
+        clip_value: float | None = None,
+        link: LinkKind = "dense",
+        link_topk: int = 8,
+        usage_write_grad: bool = False,
+        dealloc_content: bool = False,
+        key_mask: bool = False,
+        link_sharpness: bool = False,
+        interface_clip: float = 0.0,
+        eps: float = EPSILON,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.batch_first = batch_first
+        self.cell = DNCCell(
+            input_size,
+            hidden_size,
+            memory_size,
+            word_size,
+            num_read_heads,
+            num_write_heads,
+            output_size=output_size,
+            num_layers=num_layers,
+            compat=compat,
+            clip_value=clip_value,
+            link=link,
+            link_topk=link_topk,
+            usage_write_grad=usage_write_grad,
+            dealloc_content=dealloc_content,
+            key_mask=key_mask,
+            link_sharpness=link_sharpness,
+            interface_clip=interface_clip,
+            eps=eps,
+            device=device,
+            dtype=dtype,
+        )
+
+    @property
+    def input_size(self) -> int:
+        return self.cell.input_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.cell.hidden_size
+
+    @property
+    def output_size(self) -> int:
+        return self.cell.output_size
+
+    def reset_parameters(self) -> None:
+        self.cell.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return f"batch_first={self.batch_first}"
+
+    def initial_state(
+        self,
+        batch_size: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> DNCState:
+        """See :meth:`DNCCell.initial_state`."""
+        return self.cell.initial_state(batch_size, device=device, dtype=dtype)
+
+    def forward(
+        self,
+        input: Tensor | PackedSequence,
+        state: DNCState | None = None,
+        *,
+        lengths: Tensor | Sequence[int] | None = None,
+    ) -> tuple[Tensor | PackedSequence, DNCState]:
+        """Run the DNC over a sequence.
+
+        Args:
+            input: ``[T, B, X]`` (batch-first if configured) or a ``PackedSequence``.
+            state: initial :class:`DNCState`; None means :meth:`initial_state`.
+            lengths: optional ``[B]`` valid lengths in ``0..T``.
+
+        Returns:
+            ``(output [T, B, Y], final_state)`` in the input's layout; never detached.
+        """
+        cell = self.cell
+        seq = prepare_sequence(input, lengths, self.batch_first, 3, type(self).__name__)
+        if seq.inputs.dim() != 3:
+            raise ValueError(
+                f"{type(self).__name__}: expected input of rank 3 ([T, B, X] or [B, T, X]), got "
+                f"shape {tuple(seq.inputs.shape)} (time-major)"
+            )
+        cell.check_input(seq.inputs[0])
+        batch = seq.inputs.shape[1]
+        state = cell.initial_state(batch) if state is None else cell.check_state(state, batch)
+        outputs, final_state = run_cell_loop(cell.step, seq.inputs, state, seq.lengths)
+        return finish_sequence(outputs, seq, self.batch_first), final_state
