@@ -39,7 +39,10 @@ class EvalArgs:
 
 def main(argv: list[str]) -> int:
     """Entry point of ``relmem eval``; prints a table and writes ``eval.json``."""
-    args = tyro.cli(EvalArgs, args=argv, prog="relmem eval")
+    try:
+        args = tyro.cli(EvalArgs, args=argv, prog="relmem eval")
+    except SystemExit as exc:  # tyro has printed help or a boxed error message
+        return int(exc.code or 0)
     try:
         device = resolve_device(args.device)
         config, task_name, task, model, ckpt = load_trained(args.run_dir, args.checkpoint, device)

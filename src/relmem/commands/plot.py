@@ -144,7 +144,10 @@ def _describe_rows(inputs: torch.Tensor, num_features: int, k: int) -> list[str]
 
 def main(argv: list[str]) -> int:
     """Entry point of ``relmem plot``; writes PNGs and prints their paths."""
-    args = tyro.cli(PlotArgs, args=argv, prog="relmem plot")
+    try:
+        args = tyro.cli(PlotArgs, args=argv, prog="relmem plot")
+    except SystemExit as exc:  # tyro has printed help or a boxed error message
+        return int(exc.code or 0)
     out = args.out or Path(args.run_dir) / "plots"
     try:
         config, task_name, task, model, ckpt = load_trained(args.run_dir, args.checkpoint)

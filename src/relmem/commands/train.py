@@ -75,6 +75,8 @@ def main(argv: list[str]) -> int:
         return 0 if argv else 2
     try:
         task_name, config = parse(argv)
+    except SystemExit as exc:  # tyro has printed help or a boxed error message
+        return int(exc.code or 0)
     except (KeyError, ValueError, TypeError, CheckpointError, FileNotFoundError) as exc:
         return _error(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc))
     try:
