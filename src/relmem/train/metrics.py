@@ -35,13 +35,16 @@ def _finite_or_none(value: float) -> float | None:
 class JsonlLogger:
     """Append one JSON object per :meth:`log_dict` call to ``path`` (non-finite → null).
 
-    When resuming at ``resume_step``, lines of steps after it (logged by the interrupted run
-    after its last checkpoint) are dropped so the file reads as one continuous run.
+    A new run (``resume_step`` None) starts the file afresh. When resuming at ``resume_step``,
+    lines of steps after it (logged by the interrupted run after its last checkpoint) are
+    dropped so the file reads as one continuous run.
     """
 
     def __init__(self, path: Path, resume_step: int | None = None) -> None:
         self.path = Path(path)
-        if resume_step is not None and self.path.exists():
+        if resume_step is None:
+            self.path.write_text("")
+        elif self.path.exists():
             kept = [
                 line
                 for line in self.path.read_text().splitlines()
