@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
     )
     print(f"by {task.group_name}:")
     for group, acc in sorted(result["groups"].items()):
-        print(f"  {group:3d}  {100 * acc:6.2f}%")
+        print(f"  {task.group_label(group):28s} {100 * acc:6.2f}%")
     out = args.json_out or Path(args.run_dir) / "eval.json"
     record = {
         "task": task_name,

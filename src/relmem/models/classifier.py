@@ -39,9 +39,15 @@ class RMCModelConfig:
     """RMC core settings (see :class:`relmem.cores.rmc.RelationalMemory`).
 
     Attributes:
-        mem_slots: N. head_size: D. num_heads: H (slot width M = H·D). num_blocks: blocks per
-        step. key_size: K per head (None: K = D). attention_mlp_layers: L. gate_style: 'unit',
-        'memory' or 'none'. forget_bias, input_bias: gate bias constants.
+        mem_slots: N, memory slots.
+        head_size: D, value size per head.
+        num_heads: H; the slot width is M = H·D.
+        num_blocks: attention + MLP blocks per step.
+        key_size: query/key size per head; None means D.
+        attention_mlp_layers: L, depth of the row-wise MLP.
+        gate_style: 'unit' (per element), 'memory' (per slot) or 'none'.
+        forget_bias: constant added to the forget gate's pre-activation.
+        input_bias: constant added to the input gate's pre-activation.
     """
 
     mem_slots: int = 8

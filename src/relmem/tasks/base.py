@@ -87,6 +87,10 @@ class Task(Protocol):
         """The fixed held-out set (the same on every call, rank and machine)."""
         ...
 
+    def group_label(self, group: int) -> str:
+        """A readable name for a value of ``Batch.groups`` (eval tables)."""
+        ...
+
     def loss(self, logits: Tensor, batch: Batch) -> Tensor:
         """Scalar mean loss of ``logits [B, C]``."""
         ...

@@ -161,6 +161,10 @@ class NthFarthest:
         batch = self.sample(self.config.test_size, generator)
         return Batch(*(t.to(device) for t in batch))
 
+    def group_label(self, group: int) -> str:
+        """``'rank r (paper n = K - r)'``: the paper counts n from 1 = the farthest."""
+        return f"rank {group} (paper n = {self.config.num_objects - group})"
+
     def loss(self, logits: Tensor, batch: Batch) -> Tensor:
         """Softmax cross-entropy on ``logits [B, K]`` (spec 1.3), mean over the batch."""
         return F.cross_entropy(logits.float(), batch.targets)
