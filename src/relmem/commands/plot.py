@@ -44,8 +44,17 @@ class PlotArgs:
     checkpoint: Path | None = None
 
 
-def plot_curves(records: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Accuracy and loss against steps (top) and wall-clock minutes (bottom)."""
+def plot_curves(
+    records: list[dict[str, Any]],
+    path: Path,
+    title: str,
+    levels: dict[str, float] | None = None,
+) -> None:
+    """Accuracy and loss against steps (top) and wall-clock minutes (bottom).
+
+    ``levels`` are dashed reference accuracies drawn across the accuracy panels (e.g. chance
+    and the 2/K plateau).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -69,6 +78,8 @@ def plot_curves(records: list[dict[str, Any]], path: Path, title: str) -> None:
             if points:
                 xs, ys = zip(*points, strict=True)
                 axes[row][col].plot(xs, ys, label=label)
+        for i, (label, value) in enumerate((levels or {}).items()):
+            axes[row][0].axhline(value, color="grey", linestyle=("--", ":")[i % 2], label=label)
         axes[row][0].set_ylabel("accuracy")
         axes[row][1].set_ylabel("cross-entropy")
         for col in (0, 1):
@@ -157,7 +168,11 @@ def main(argv: list[str]) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     curves = out / "curves.png"
-    plot_curves(records, curves, f"{task_name} / {config.model} ({args.run_dir})")
+    levels = None
+    if task_name == "nth-farthest":
+        k = config.task.num_objects
+        levels = {f"plateau 2/K = {2 / k:.1%}": 2 / k, f"chance 1/K = {1 / k:.1%}": 1 / k}
+    plot_curves(records, curves, f"{task_name} / {config.model} ({args.run_dir})", levels)
     print(f"written {curves}")
     if not isinstance(model, RMCClassifier):
         print(f"no attention maps: model {config.model!r} has no attention")
