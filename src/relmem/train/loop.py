@@ -151,6 +151,11 @@ def _shard(batch: Batch, info: DistInfo) -> Batch:
     return Batch(*(None if t is None else t[lo:hi] for t in batch))
 
 
+def accumulator_dtype(device: torch.device) -> torch.dtype:
+    """float64 for metric sums, except on MPS, which has no float64."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
 def _autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager[Any]:
     if not enabled:
         return contextlib.nullcontext()
@@ -184,17 +189,18 @@ def evaluate(
     was_training = model.training
     model.eval()
     device = batch.inputs.device
+    acc = accumulator_dtype(device)
     num_classes = task.spec.num_classes
-    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, correct
-    group_correct = torch.zeros(num_classes, dtype=torch.float64, device=device)
-    group_count = torch.zeros(num_classes, dtype=torch.float64, device=device)
+    sums = torch.zeros(2, dtype=acc, device=device)  # loss sum, correct
+    group_correct = torch.zeros(num_classes, dtype=acc, device=device)
+    group_count = torch.zeros(num_classes, dtype=acc, device=device)
     indices = torch.arange(info.rank, batch.targets.shape[0], info.world_size, device=device)
     for part in indices.split(chunk):
         sub = Batch(*(None if t is None else t[part] for t in batch))
         with _autocast(device, bf16):
             logits = model(sub.inputs)
-        correct = task.metrics(logits, sub)["accuracy"].double()
-        sums[0] += task.loss(logits, sub).double() * part.numel()
+        correct = task.metrics(logits, sub)["accuracy"].to(acc)
+        sums[0] += task.loss(logits, sub).to(acc) * part.numel()
         sums[1] += correct.sum()
         if sub.groups is not None:
             group_correct.index_add_(0, sub.groups, correct)
@@ -434,7 +440,8 @@ def _run(
     )
     status, exit_code, last_eval = "completed", EXIT_OK, None
     stop = _StopFlag()
-    train_sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, correct, count
+    acc = accumulator_dtype(device)
+    train_sums = torch.zeros(3, dtype=acc, device=device)  # loss, correct, count
     window_start, window_steps = time.perf_counter(), 0
     state.start()
     wrapped.train()
@@ -452,9 +459,9 @@ def _run(
                 )
                 flags = torch.stack(
                     [
-                        (~torch.isfinite(loss.detach())).double(),
-                        torch.tensor(float(stop.signum or 0), device=device, dtype=torch.float64),
-                        torch.tensor(float(time_up), device=device, dtype=torch.float64),
+                        (~torch.isfinite(loss.detach())).to(acc),
+                        torch.tensor(float(stop.signum or 0), device=device, dtype=acc),
+                        torch.tensor(float(time_up), device=device, dtype=acc),
                     ]
                 )
                 nonfinite, signum, time_up_any = all_reduce_max(flags, info).tolist()
@@ -470,12 +477,12 @@ def _run(
                 window_steps += 1
                 bar.update(1)
                 with torch.no_grad():
-                    correct = task.metrics(logits.detach(), batch)["accuracy"].double().sum()
+                    correct = task.metrics(logits.detach(), batch)["accuracy"].to(acc).sum()
                     train_sums += torch.stack(
                         [
-                            loss.detach().double() * per_rank,
+                            loss.detach().to(acc) * per_rank,
                             correct,
-                            torch.tensor(per_rank, dtype=torch.float64, device=device),
+                            torch.tensor(per_rank, dtype=acc, device=device),
                         ]
                     )
                 done = state.step >= config.steps
