@@ -1,5 +1,6 @@
-"""Synthetic and benchmark tasks."""
+"""Training tasks: a generic :class:`Task` interface, a registry and the paper's tasks."""
 
+from relmem.tasks.base import Batch, Task, TaskSpec, get_task, list_tasks, register_task
 from relmem.tasks.copy_tasks import (
     AssociativeRecall,
     RepeatCopy,
@@ -8,12 +9,22 @@ from relmem.tasks.copy_tasks import (
     copy_task,
     masked_sigmoid_cross_entropy,
 )
+from relmem.tasks.nth_farthest import NthFarthest, NthFarthestConfig, generate
 
 __all__ = [
     "AssociativeRecall",
+    "Batch",
+    "NthFarthest",
+    "NthFarthestConfig",
     "RepeatCopy",
+    "Task",
     "TaskBatch",
+    "TaskSpec",
     "bit_errors",
     "copy_task",
+    "generate",
+    "get_task",
+    "list_tasks",
     "masked_sigmoid_cross_entropy",
+    "register_task",
 ]

@@ -1,0 +1,1 @@
+"""Thin ``relmem`` sub-commands: parse arguments, call the library, set the exit status."""

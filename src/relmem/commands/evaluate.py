@@ -1,0 +1,79 @@
+"""``relmem eval RUN_DIR``: held-out accuracy of a trained run, broken down by group (n)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import tyro
+
+import relmem.models  # noqa: F401 - registers the models
+import relmem.tasks  # noqa: F401 - registers the tasks
+from relmem.train.checkpoint import CheckpointError
+from relmem.train.distributed import resolve_device
+from relmem.train.loop import evaluate
+from relmem.train.runs import load_trained
+
+
+@dataclass
+class EvalArgs:
+    """Evaluate a run on its task's fixed held-out set.
+
+    Attributes:
+        run_dir: the run directory written by ``relmem train``.
+        checkpoint: a checkpoint directory to evaluate instead of the run's latest.
+        device: auto, cpu, cuda or mps.
+        test_size: held-out sequences (None: the run's own setting).
+        json_out: where to write the result (None: ``RUN_DIR/eval.json``).
+    """
+
+    run_dir: Annotated[Path, tyro.conf.Positional]
+    checkpoint: Path | None = None
+    device: str = "auto"
+    test_size: int | None = None
+    json_out: Path | None = None
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``relmem eval``; prints a table and writes ``eval.json``."""
+    try:
+        args = tyro.cli(EvalArgs, args=argv, prog="relmem eval")
+    except SystemExit as exc:  # tyro has printed help or a boxed error message
+        return int(exc.code or 0)
+    try:
+        device = resolve_device(args.device)
+        config, task_name, task, model, ckpt = load_trained(args.run_dir, args.checkpoint, device)
+        if args.test_size is not None:
+            if args.test_size < 1:
+                raise ValueError(f"--test-size must be >= 1, got {args.test_size}")
+            config.task.test_size = args.test_size
+            task = type(task)(config.task)
+        held_out = task.held_out(device)
+        result = evaluate(model, task, held_out)
+    except (ValueError, TypeError, KeyError, CheckpointError, FileNotFoundError) as exc:
+        print(f"relmem eval: error: {exc}", file=sys.stderr)
+        return 2
+    step = json.loads((ckpt / "meta.json").read_text())["step"]
+    print(f"{task_name} / {config.model}, checkpoint {ckpt} (step {step})")
+    print(
+        f"held-out accuracy {100 * result['accuracy']:.2f}% on {result['count']} sequences, "
+        f"loss {result['loss']:.4f}"
+    )
+    print(f"by {task.group_name}:")
+    for group, acc in sorted(result["groups"].items()):
+        print(f"  {task.group_label(group):28s} {100 * acc:6.2f}%")
+    out = args.json_out or Path(args.run_dir) / "eval.json"
+    record = {
+        "task": task_name,
+        "model": config.model,
+        "checkpoint": str(ckpt),
+        "step": step,
+        "group_name": task.group_name,
+        **result,
+    }
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"written {out}")
+    return 0

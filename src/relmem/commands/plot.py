@@ -1,0 +1,206 @@
+"""``relmem plot RUN_DIR``: learning curves and, for the RMC, attention heatmaps (PNG).
+
+- ``curves.png``: held-out / training / best-batch accuracy and losses against steps and
+  against wall-clock time, from ``metrics.jsonl`` (never from TensorBoard).
+- ``attention_example_{i}.png`` (RMC only): for one held-out sequence, one heatmap per head
+  (columns) and time step (rows) of the first block's attention weights: query rows are the
+  N memory slots and the input row, key columns the same N + 1 rows (paper section 5.1, Fig. 3).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
+import tyro
+
+import relmem.models  # noqa: F401 - registers the models
+import relmem.tasks  # noqa: F401 - registers the tasks
+from relmem.models.classifier import RMCClassifier
+from relmem.train.checkpoint import CheckpointError
+from relmem.train.metrics import read_metrics
+from relmem.train.runs import load_trained
+
+
+@dataclass
+class PlotArgs:
+    """Plot a run's learning curves and attention maps.
+
+    Attributes:
+        run_dir: the run directory written by ``relmem train``.
+        out: output directory (None: ``RUN_DIR/plots``).
+        examples: held-out sequences to draw attention maps for (RMC runs).
+        block: which attention block to draw (0-based).
+        checkpoint: a checkpoint directory instead of the run's latest.
+    """
+
+    run_dir: Annotated[Path, tyro.conf.Positional]
+    out: Path | None = None
+    examples: int = 3
+    block: int = 0
+    checkpoint: Path | None = None
+
+
+def plot_curves(
+    records: list[dict[str, Any]],
+    path: Path,
+    title: str,
+    levels: dict[str, float] | None = None,
+) -> None:
+    """Accuracy and loss against steps (top) and wall-clock minutes (bottom).
+
+    ``levels`` are dashed reference accuracies drawn across the accuracy panels (e.g. chance
+    and the 2/K plateau).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
+    series = [
+        ("train/accuracy", "train batch", 0),
+        ("eval/accuracy", "held-out", 0),
+        ("eval/best_batch_accuracy", "best fresh batch", 0),
+        ("train/loss", "train", 1),
+        ("eval/loss", "held-out", 1),
+    ]
+    for row, xkey, xlabel, scale in ((0, "step", "step", 1.0), (1, "time_s", "minutes", 60.0)):
+        for key, label, col in series:
+            points = [
+                (r[xkey] / scale, r[key])
+                for r in records
+                if r.get(key) is not None and r.get(xkey) is not None
+            ]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                axes[row][col].plot(xs, ys, label=label)
+        for i, (label, value) in enumerate((levels or {}).items()):
+            axes[row][0].axhline(value, color="grey", linestyle=("--", ":")[i % 2], label=label)
+        axes[row][0].set_ylabel("accuracy")
+        axes[row][1].set_ylabel("cross-entropy")
+        for col in (0, 1):
+            axes[row][col].set_xlabel(xlabel)
+            axes[row][col].grid(alpha=0.3)
+            axes[row][col].legend()
+    fig.suptitle(title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+@torch.no_grad()
+def attention_maps(model: RMCClassifier, inputs: torch.Tensor, block: int) -> torch.Tensor:
+    """Attention weights of one sequence at every step.
+
+    Args:
+        model: a trained RMC classifier.
+        inputs: ``[T, F]`` one sequence.
+        block: attention block index.
+
+    Returns:
+        ``[T, H, N+1, N+1]``: per step and head, queries (N slots, then the input row) against
+        keys (the same rows).
+    """
+    cell = model.core.cell
+    rows = inputs.unsqueeze(0)  # [1, T, F]
+    state = cell.initial_state(1)
+    maps = []
+    for t in range(rows.shape[1]):
+        step_rows = cell.check_step_input(rows[:, t])  # [1, 1, F]
+        _, state, details = cell.step(step_rows, state)
+        maps.append(details.attention[block][0])  # [H, R_q, N+1]
+    return torch.stack(maps)
+
+
+def plot_attention(maps: torch.Tensor, path: Path, title: str, row_names: list[str]) -> None:
+    """A grid of heatmaps: time steps down, heads across. ``maps`` is ``[T, H, R_q, R_k]``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, heads, r_q, r_k = maps.shape
+    keys = [f"m{i}" for i in range(r_k - 1)] + ["in"]
+    queries = keys[: r_q - 1] + ["in"] if r_q == r_k else keys[:r_q]
+    fig, axes = plt.subplots(
+        steps,
+        heads,
+        figsize=(1.9 * heads + 1, 1.9 * steps + 0.8),
+        squeeze=False,
+        constrained_layout=True,
+    )
+    for t in range(steps):
+        for h in range(heads):
+            ax = axes[t][h]
+            image = ax.imshow(maps[t, h].cpu().numpy(), vmin=0.0, vmax=1.0, cmap="viridis")
+            ax.set_xticks(range(r_k), keys, fontsize=6)
+            ax.set_yticks(range(r_q), queries, fontsize=6)
+            if t == 0:
+                ax.set_title(f"head {h}", fontsize=9)
+            if h == 0:
+                ax.set_ylabel(f"t={t}: {row_names[t]}", fontsize=8)
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _describe_rows(inputs: torch.Tensor, num_features: int, k: int) -> list[str]:
+    ids = inputs[:, num_features : num_features + k].argmax(-1).tolist()
+    return [f"object {i}" for i in ids]
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``relmem plot``; writes PNGs and prints their paths."""
+    try:
+        args = tyro.cli(PlotArgs, args=argv, prog="relmem plot")
+    except SystemExit as exc:  # tyro has printed help or a boxed error message
+        return int(exc.code or 0)
+    out = args.out or Path(args.run_dir) / "plots"
+    try:
+        config, task_name, task, model, ckpt = load_trained(args.run_dir, args.checkpoint)
+        records = read_metrics(Path(args.run_dir) / "metrics.jsonl")
+    except (ValueError, TypeError, KeyError, CheckpointError, FileNotFoundError) as exc:
+        print(f"relmem plot: error: {exc}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    curves = out / "curves.png"
+    levels = None
+    if task_name == "nth-farthest":
+        k = config.task.num_objects
+        levels = {f"plateau 2/K = {2 / k:.1%}": 2 / k, f"chance 1/K = {1 / k:.1%}": 1 / k}
+    plot_curves(records, curves, f"{task_name} / {config.model} ({args.run_dir})", levels)
+    print(f"written {curves}")
+    if not isinstance(model, RMCClassifier):
+        print(f"no attention maps: model {config.model!r} has no attention")
+        return 0
+    if not 0 <= args.block < model.core.config.num_blocks:
+        print(
+            f"relmem plot: error: --block must be in 0..{model.core.config.num_blocks - 1}",
+            file=sys.stderr,
+        )
+        return 2
+    held_out = task.held_out(torch.device("cpu"))
+    logits = model(held_out.inputs[: args.examples])
+    k = task.spec.num_classes
+    for i in range(min(args.examples, held_out.targets.shape[0])):
+        maps = attention_maps(model, held_out.inputs[i], args.block)
+        target, guess = int(held_out.targets[i]), int(logits[i].argmax())
+        group = "" if held_out.groups is None else f", {task.group_name.split(' (')[0]} "
+        group += "" if held_out.groups is None else str(int(held_out.groups[i]))
+        title = (
+            f"held-out example {i}{group}: label {target}, predicted {guess}; "
+            f"block {args.block}, step {ckpt.name}"
+        )
+        rows = (
+            _describe_rows(held_out.inputs[i], config.task.num_features, k)
+            if task_name == "nth-farthest"
+            else [f"row {t}" for t in range(maps.shape[0])]
+        )
+        path = out / f"attention_example_{i}.png"
+        plot_attention(maps, path, title, rows)
+        print(f"written {path}")
+    return 0

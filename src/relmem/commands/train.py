@@ -1,0 +1,86 @@
+"""``relmem train TASK [--preset NAME] [--resume RUN_DIR] [overrides]``.
+
+The configuration is the preset (the task's CPU preset by default) or, with ``--resume``, the
+run's own ``config.json``; tyro parses typed overrides on top (``--rmc.mem-slots 8``,
+``--optim.lr 3e-4``, ``--steps 50000``). The same command runs data-parallel under ``torchrun``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import tyro
+
+import relmem.models  # noqa: F401 - registers the models
+import relmem.tasks  # noqa: F401 - registers the tasks
+from relmem.presets import PRESETS, get_preset
+from relmem.tasks.base import get_task, list_tasks
+from relmem.train.checkpoint import CheckpointError, resolve_checkpoint
+from relmem.train.config import TrainConfig
+from relmem.train.loop import run
+from relmem.train.runs import load_run_config
+
+USAGE = """usage: relmem train TASK [--preset NAME] [--resume RUN_DIR] [OVERRIDES...]
+
+tasks: {tasks}
+Run `relmem train TASK --help` for the options of a task."""
+
+
+def _error(message: str) -> int:
+    print(f"relmem train: error: {message}", file=sys.stderr)
+    return 2
+
+
+def parse(argv: list[str]) -> tuple[str, TrainConfig]:
+    """``(task_name, config)`` from ``TASK [--preset P] [--resume R] [overrides]``.
+
+    Raises:
+        SystemExit: from tyro, on --help or malformed overrides.
+        KeyError / ValueError / CheckpointError / FileNotFoundError: on bad values.
+    """
+    task_name, rest = argv[0], argv[1:]
+    entry = get_task(task_name)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--preset")
+    pre.add_argument("--resume")
+    known, rest = pre.parse_known_args(rest)
+    if known.resume is not None:
+        if known.preset is not None:
+            raise ValueError("--preset and --resume exclude each other: a run keeps its config")
+        ckpt = resolve_checkpoint(known.resume)
+        _, default = load_run_config(ckpt.parent.parent)
+        default.resume = ckpt
+    else:
+        default = get_preset(task_name, known.preset or entry.default_preset)
+    presets = ", ".join(PRESETS.get(task_name, {}))
+    config = tyro.cli(
+        TrainConfig[entry.config_cls],
+        args=rest,
+        default=default,
+        prog=f"relmem train {task_name}",
+        description=(
+            f"Train a model on {task_name}. --preset NAME picks the base config ({presets}; "
+            f"default: the CPU preset); --resume RUN_DIR continues a run with its own config. "
+            "The options below override either."
+        ),
+    )
+    return task_name, config
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``relmem train``; returns the exit status."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE.format(tasks=", ".join(list_tasks())))
+        return 0 if argv else 2
+    try:
+        task_name, config = parse(argv)
+    except SystemExit as exc:  # tyro has printed help or a boxed error message
+        return int(exc.code or 0)
+    except (KeyError, ValueError, TypeError, CheckpointError, FileNotFoundError) as exc:
+        return _error(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc))
+    try:
+        result = run(config, task_name, argv=["relmem", "train", *argv])
+    except (ValueError, CheckpointError, FileExistsError) as exc:
+        return _error(str(exc))
+    return result.exit_code

@@ -1,0 +1,218 @@
+"""Typed training configuration: plain dataclasses, no CLI dependency.
+
+:class:`TrainConfig` is generic in the task's config (``TrainConfig[NthFarthestConfig]``) and
+holds one config per registered model (``rmc``, ``lstm``); ``model`` picks which one is built.
+The CLI (``relmem.commands.train``) parses these with tyro; :func:`config_to_dict` and
+:func:`config_from_dict` give the ``config.json`` of every run directory, and reloading it
+rejects unknown keys and wrong types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, Literal, TypeVar
+
+from relmem.models.classifier import HeadConfig, LSTMModelConfig, RMCModelConfig
+from relmem.models.registry import list_models
+
+TaskConfigT = TypeVar("TaskConfigT")
+
+
+@dataclass
+class OptimConfig:
+    """Adam, optional gradient clipping and the paper's learning-rate schedule.
+
+    Attributes:
+        lr: peak learning rate (paper 1e-4).
+        betas: Adam's (beta1, beta2).
+        eps: Adam's epsilon.
+        weight_decay: L2 penalty added by Adam (0 in the paper).
+        schedule: 'constant' (default) or 'paper', the Sonnet example's continuous decay
+            ``max(lr * decay_rate ** (step / decay_steps), min_lr)`` (spec 1.3).
+        decay_rate, decay_steps, min_lr: the 'paper' schedule's constants (0.9, 10000, 8e-5).
+        grad_clip: clip the global gradient norm to this value; None disables (paper).
+    """
+
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    schedule: Literal["constant", "paper"] = "constant"
+    decay_rate: float = 0.9
+    decay_steps: int = 10000
+    min_lr: float = 8e-5
+    grad_clip: float | None = None
+
+    def __post_init__(self) -> None:
+        self.betas = (float(self.betas[0]), float(self.betas[1]))
+        if not self.lr > 0:
+            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"optim.betas must lie in [0, 1), got {self.betas}")
+        if self.schedule not in ("constant", "paper"):
+            raise ValueError(f"optim.schedule must be 'constant' or 'paper', got {self.schedule!r}")
+        if not 0 < self.decay_rate <= 1 or self.decay_steps < 1 or self.min_lr < 0:
+            raise ValueError(
+                "optim.decay_rate must be in (0, 1], optim.decay_steps >= 1 and optim.min_lr >= 0"
+            )
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ValueError(f"optim.grad_clip must be > 0 or None, got {self.grad_clip}")
+
+
+@dataclass
+class TrainConfig(Generic[TaskConfigT]):
+    """Everything that defines a training run.
+
+    Attributes:
+        task: the task's config dataclass (e.g. ``NthFarthestConfig``).
+        model: which registered model to train ('rmc' or 'lstm'; see ``list_models()``).
+        rmc: the RMC's settings (used when ``model == 'rmc'``).
+        lstm: the LSTM baseline's settings (used when ``model == 'lstm'``).
+        head: the MLP head on the core's last output.
+        optim: optimiser, schedule and clipping.
+        steps: optimiser steps in total (a resumed run continues up to this count).
+        batch_size: the global batch; with N data-parallel processes each takes batch_size / N.
+        seed: seeds the weights and the training data; data is a function of (seed, step).
+        time_limit_min: stop (and checkpoint) after this many minutes of training; None: none.
+        eval_every: steps between held-out evaluations (also at the end).
+        eval_batch: the fresh batch for the paper's best-batch accuracy (spec 1.4: 1600).
+        log_every: steps between metric lines in metrics.jsonl / TensorBoard / stdout.
+        checkpoint_every: steps between checkpoints (also at the end and on a signal).
+        keep_checkpoints: how many complete checkpoints to keep (>= 2 keeps a fallback).
+        device: 'auto' (cuda, then mps, then cpu), 'cpu', 'cuda' or 'mps'.
+        bf16: bfloat16 autocast for the forward pass (CUDA only).
+        deterministic: ``torch.use_deterministic_algorithms(True)``.
+        out_dir: parent of new run directories.
+        run_name: the run directory's name under out_dir; None: ``{task}-{model}-{time}``.
+        resume: a run directory (or one of its checkpoints) to continue.
+        tensorboard: also write TensorBoard event files under ``RUN_DIR/tb``.
+    """
+
+    task: TaskConfigT
+    model: str = "rmc"
+    rmc: RMCModelConfig = field(default_factory=RMCModelConfig)
+    lstm: LSTMModelConfig = field(default_factory=LSTMModelConfig)
+    head: HeadConfig = field(default_factory=HeadConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    steps: int = 10000
+    batch_size: int = 1600
+    seed: int = 0
+    time_limit_min: float | None = None
+    eval_every: int = 500
+    eval_batch: int = 1600
+    log_every: int = 50
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 2
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    bf16: bool = False
+    deterministic: bool = False
+    out_dir: Path = Path("runs")
+    run_name: str | None = None
+    resume: Path | None = None
+    tensorboard: bool = True
+
+    def __post_init__(self) -> None:
+        self.out_dir = Path(self.out_dir)
+        if self.resume is not None:
+            self.resume = Path(self.resume)
+        if self.model not in list_models():
+            raise ValueError(f"model must be one of {', '.join(list_models())}; got {self.model!r}")
+        positive = ("steps", "batch_size", "eval_every", "eval_batch", "log_every")
+        for name in (*positive, "checkpoint_every", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.time_limit_min is not None and not self.time_limit_min > 0:
+            raise ValueError(f"time_limit_min must be > 0 or None, got {self.time_limit_min}")
+        if self.device not in ("auto", "cpu", "cuda", "mps"):
+            raise ValueError(f"device must be auto, cpu, cuda or mps; got {self.device!r}")
+
+    def model_config(self) -> Any:
+        """The config of the selected model (``getattr(self, self.model)``)."""
+        return getattr(self, self.model)
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """A JSON-ready dict of a (nested) config dataclass; paths become strings."""
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, Path):
+            return str(value)
+        if isinstance(value, (list, tuple)):
+            return [convert(v) for v in value]
+        if isinstance(value, dict):
+            return {k: convert(v) for k, v in value.items()}
+        return value
+
+    return convert(dataclasses.asdict(config))
+
+
+def _convert(value: Any, annotation: Any, where: str) -> Any:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _convert(value, arg, where)
+            except (TypeError, ValueError) as exc:
+                errors.append(str(exc))
+        raise TypeError(f"{where}: {value!r} matches none of {annotation}: {'; '.join(errors)}")
+    if origin is Literal:
+        if value not in args:
+            raise ValueError(f"{where}: {value!r} is not one of {args}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"{where}: expected a list, got {value!r}")
+        item_types = [args[0]] * len(value) if len(args) == 2 and args[1] is ... else list(args)
+        if len(item_types) != len(value):
+            raise ValueError(f"{where}: expected {len(item_types)} items, got {value!r}")
+        pairs = enumerate(zip(value, item_types, strict=True))
+        return tuple(_convert(v, t, f"{where}[{i}]") for i, (v, t) in pairs)
+    if dataclasses.is_dataclass(annotation):
+        return config_from_dict(annotation, value, where)
+    if annotation is Path:
+        if not isinstance(value, str):
+            raise TypeError(f"{where}: expected a path string, got {value!r}")
+        return Path(value)
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation in (int, float, str, bool):
+        if type(value) is not annotation:
+            raise TypeError(f"{where}: expected {annotation.__name__}, got {value!r}")
+        return value
+    raise TypeError(f"{where}: unsupported config type {annotation}")
+
+
+def config_from_dict(cls: Any, data: dict[str, Any], where: str = "config") -> Any:
+    """Rebuild a config dataclass from :func:`config_to_dict`'s output, strictly.
+
+    Args:
+        cls: the dataclass, possibly parametrised (``TrainConfig[NthFarthestConfig]``).
+        data: the dict.
+        where: the key path, for error messages.
+
+    Raises:
+        ValueError / TypeError naming the offending key on unknown keys or wrong types.
+    """
+    if not isinstance(data, dict):
+        raise TypeError(f"{where}: expected an object, got {data!r}")
+    origin = typing.get_origin(cls) or cls
+    hints = typing.get_type_hints(origin)
+    params = getattr(origin, "__parameters__", ())
+    substitution = dict(zip(params, typing.get_args(cls), strict=False))
+    names = {f.name for f in dataclasses.fields(origin)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown}; expected some of {sorted(names)}")
+    kwargs = {}
+    for name, value in data.items():
+        annotation = substitution.get(hints[name], hints[name])
+        kwargs[name] = _convert(value, annotation, f"{where}.{name}")
+    return origin(**kwargs)

@@ -1,0 +1,64 @@
+"""The ``relmem train / eval / plot`` commands: clear errors on bad values, outputs on good."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from relmem import cli
+from relmem.train.loop import run
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nope"], "unknown task 'nope'"),
+        (["nth-farthest", "--model", "dnc9"], "model must be one of lstm, rmc"),
+        (["nth-farthest", "--preset", "huge"], "unknown preset 'huge'"),
+        (["nth-farthest", "--batch-size", "0"], "batch_size must be >= 1"),
+        (["nth-farthest", "--optim.lr", "-1"], "optim.lr must be > 0"),
+        (["nth-farthest", "--task.num-objects", "1"], "task.num_objects must be >= 2"),
+        (["nth-farthest", "--device", "cpu", "--bf16"], "bf16 autocast needs a CUDA device"),
+        (["nth-farthest", "--resume", "/nonexistent/run"], "/nonexistent/run does not exist"),
+        (["nth-farthest", "--preset", "paper", "--resume", "x"], "exclude each other"),
+    ],
+)
+def test_bad_train_values(args: list[str], message: str, capsys, tmp_path: Path) -> None:
+    code = cli.main(["train", *args, "--out-dir", str(tmp_path)])
+    assert code == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+    assert not list(tmp_path.iterdir())  # nothing was written
+
+
+@pytest.mark.parametrize(
+    "args", [["--optim.lr", "fast"], ["--device", "tpu"], ["--no-such-flag", "1"]]
+)
+def test_malformed_overrides_exit_2(args: list[str], capsys) -> None:
+    assert cli.main(["train", "nth-farthest", *args]) == 2
+    assert args[0] in capsys.readouterr().err
+
+
+def test_help(capsys) -> None:
+    assert cli.main(["train", "--help"]) == 0
+    assert "nth-farthest" in capsys.readouterr().out
+    assert cli.main(["train", "nth-farthest", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--preset" in out and "--rmc.mem-slots" in out and "--optim.grad-clip" in out
+
+
+def test_eval_and_plot(tiny, tmp_path: Path, capsys) -> None:
+    run(tiny(steps=10, checkpoint_every=10), "nth-farthest")
+    capsys.readouterr()
+    assert cli.main(["eval", str(tmp_path / "run"), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "held-out accuracy" in out and "rank (0 = the reference itself" in out
+    record = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert record["count"] == 64 and set(record["groups"]) <= {"0", "1", "2", "3"}
+    assert cli.main(["plot", str(tmp_path / "run"), "--examples", "1"]) == 0
+    plots = tmp_path / "run" / "plots"
+    assert (plots / "curves.png").stat().st_size > 0
+    assert (plots / "attention_example_0.png").stat().st_size > 0
+    assert cli.main(["eval", str(tmp_path / "missing")]) == 2
+    assert "config.json not found" in capsys.readouterr().err

@@ -1,0 +1,214 @@
+"""End-to-end training on tiny sizes: learning, exact resume, signals, damage, divergence."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from relmem.tasks.base import register_task
+from relmem.tasks.nth_farthest import NthFarthest, NthFarthestConfig
+from relmem.train import checkpoint as ckpt_io
+from relmem.train.config import TrainConfig, config_from_dict, config_to_dict
+from relmem.train.loop import EXIT_DIVERGED, EXIT_SIGTERM, lr_multiplier, run
+from relmem.train.metrics import read_metrics
+from relmem.train.runs import load_run_config, load_trained
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(ckpt_io.resolve_checkpoint(run_dir) / ckpt_io.MODEL_FILE)
+
+
+@pytest.mark.parametrize("model", ["rmc", "lstm"])
+def test_tiny_run_learns(tiny, model: str) -> None:
+    config = tiny(model=model, steps=60, log_every=10, eval_every=30, checkpoint_every=30)
+    config.optim.lr = 1e-2
+    result = run(config, "nth-farthest")
+    assert result.status == "completed" and result.exit_code == 0
+    losses = [
+        r["train/loss"] for r in read_metrics(result.run_dir / "metrics.jsonl") if "train/loss" in r
+    ]
+    assert len(losses) == 6
+    assert losses[-1] < losses[0] - 0.05, losses  # from ln 4 = 1.386 towards the 50% plateau
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    assert summary["steps"] == 60 and 0.0 <= summary["held_out_accuracy"] <= 1.0
+    for name in ("config.json", "run.json", "metrics.jsonl"):
+        assert (result.run_dir / name).is_file()
+    task_name, reloaded = load_run_config(result.run_dir)
+    assert task_name == "nth-farthest" and reloaded == config
+
+
+def test_resume_is_exact(tiny, tmp_path: Path) -> None:
+    """k steps, checkpoint, resume, k more == 2k steps uninterrupted, bit for bit (CPU)."""
+    sched = {"schedule": "paper", "decay_steps": 5, "min_lr": 1e-3}
+    straight = tiny(run_name="straight", steps=20)
+    straight.optim.__dict__.update(sched)
+    run(straight, "nth-farthest")
+    first = tiny(run_name="split", steps=10)
+    first.optim.__dict__.update(sched)
+    run(first, "nth-farthest")
+    second = tiny(run_name="split", steps=20, resume=tmp_path / "split")
+    second.optim.__dict__.update(sched)
+    result = run(second, "nth-farthest")
+    assert result.summary["steps"] == 20
+    a, b = weights(tmp_path / "straight"), weights(tmp_path / "split")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    sa = ckpt_io.load_train_state(ckpt_io.resolve_checkpoint(tmp_path / "straight"))
+    sb = ckpt_io.load_train_state(ckpt_io.resolve_checkpoint(tmp_path / "split"))
+    assert sa["scheduler"]["_last_lr"] == sb["scheduler"]["_last_lr"]
+    steps = [r["step"] for r in read_metrics(tmp_path / "split" / "metrics.jsonl")]
+    assert steps == sorted(steps) and len(steps) == len(set(steps))  # one continuous log
+
+
+def test_sigterm_leaves_a_loadable_checkpoint(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "relmem",
+        "train",
+        "nth-farthest",
+        "--device",
+        "cpu",
+        "--steps",
+        "100000",
+        "--batch-size",
+        "16",
+        "--checkpoint-every",
+        "100000",
+        "--log-every",
+        "5",
+        "--eval-every",
+        "100000",
+        "--task.test-size",
+        "32",
+        "--rmc.mem-slots",
+        "2",
+        "--rmc.num-heads",
+        "2",
+        "--rmc.head-size",
+        "4",
+        "--head.hidden-sizes",
+        "16",
+        "--no-tensorboard",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "sig",
+    ]
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    metrics = tmp_path / "sig" / "metrics.jsonl"
+    deadline = time.monotonic() + 60
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert proc.poll() is None, proc.stdout.read().decode()
+        assert time.monotonic() < deadline, "the run did not start logging"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=60)[0].decode()
+    assert proc.returncode == EXIT_SIGTERM, output
+    assert "SIGTERM" in output
+    config, _, _, model, ckpt = load_trained(tmp_path / "sig")
+    step = ckpt_io.load_train_state(ckpt)["step"]
+    assert 10 <= step < 100000
+    summary = json.loads((tmp_path / "sig" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["steps"] == step
+
+
+@pytest.mark.parametrize("damage", ["truncate_weights", "corrupt_state", "drop_meta"])
+def test_damaged_checkpoint_is_reported_and_previous_usable(tiny, tmp_path: Path, damage: str):
+    run(tiny(steps=20, checkpoint_every=10, keep_checkpoints=2), "nth-farthest")
+    ckpts = ckpt_io.list_checkpoints(tmp_path / "run")
+    assert [c.name for c in ckpts] == ["step-00000010", "step-00000020"]
+    latest = ckpts[-1]
+    if damage == "truncate_weights":
+        path = latest / ckpt_io.MODEL_FILE
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        bad = ckpt_io.MODEL_FILE
+    elif damage == "corrupt_state":
+        path = latest / ckpt_io.STATE_FILE
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+        bad = ckpt_io.STATE_FILE
+    else:
+        (latest / ckpt_io.META_FILE).unlink()
+        bad = ckpt_io.META_FILE
+    resume = tiny(steps=30, resume=tmp_path / "run")
+    with pytest.raises(ckpt_io.CheckpointError, match=bad) as info:
+        run(resume, "nth-farthest")
+    assert "step-00000010" in str(info.value)  # names the previous good checkpoint
+    result = run(tiny(steps=30, resume=ckpts[0]), "nth-farthest")
+    assert result.status == "completed" and result.summary["steps"] == 30
+
+
+def test_checkpoint_files_are_safe_formats(tiny, tmp_path: Path) -> None:
+    run(tiny(steps=10), "nth-farthest")
+    ckpt = ckpt_io.resolve_checkpoint(tmp_path / "run")
+    state = torch.load(ckpt / ckpt_io.STATE_FILE, weights_only=True)
+    assert state["step"] == 10 and "optimizer" in state and "rng" in state
+    assert not any(name.startswith(("module.", "_orig_mod.")) for name in weights(tmp_path / "run"))
+    assert not [p for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+class _NaNAfter(NthFarthest):
+    """Nth Farthest whose loss turns NaN on the 8th call (step 8)."""
+
+    calls = 0
+
+    def loss(self, logits, batch):
+        type(self).calls += 1
+        loss = super().loss(logits, batch)
+        return loss * float("nan") if type(self).calls >= 8 else loss
+
+
+register_task("nan-after-7", NthFarthestConfig, default_preset="nth_farthest_cpu")(_NaNAfter)
+
+
+def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tiny, tmp_path: Path, capsys):
+    _NaNAfter.calls = 0
+    config = tiny(steps=20, checkpoint_every=5, eval_every=100)
+    result = run(config, "nan-after-7")
+    assert result.status == "diverged" and result.exit_code == EXIT_DIVERGED
+    err = capsys.readouterr().err
+    assert "nan" in err and "step 8" in err and "step-00000005" in err
+    ckpt = ckpt_io.resolve_checkpoint(tmp_path / "run")
+    assert ckpt.name == "step-00000005"
+    assert all(torch.isfinite(t).all() for t in weights(tmp_path / "run").values())
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_new_run_refuses_to_overwrite(tiny) -> None:
+    run(tiny(steps=5, checkpoint_every=5), "nth-farthest")
+    with pytest.raises(FileExistsError, match="--resume"):
+        run(tiny(steps=5), "nth-farthest")
+
+
+def test_config_round_trip_and_strictness(tiny) -> None:
+    config = tiny()
+    data = config_to_dict(config)
+    cls = TrainConfig[NthFarthestConfig]
+    assert config_from_dict(cls, json.loads(json.dumps(data))) == config
+    with pytest.raises(ValueError, match="unknown keys.*'bogus'"):
+        config_from_dict(cls, {**data, "bogus": 1})
+    with pytest.raises(TypeError, match="config.steps"):
+        config_from_dict(cls, {**data, "steps": "many"})
+
+
+def test_paper_schedule() -> None:
+    config = TrainConfig(task=NthFarthestConfig())
+    config.optim.schedule = "paper"
+    assert lr_multiplier(0, config) == 1.0
+    assert lr_multiplier(10000, config) == pytest.approx(0.9)
+    assert lr_multiplier(10**6, config) == pytest.approx(0.8)  # floor 8e-5 / 1e-4
