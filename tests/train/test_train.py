@@ -195,6 +195,21 @@ def test_new_run_refuses_to_overwrite(tiny) -> None:
         run(tiny(steps=5), "nth-farthest")
 
 
+def test_cpu_threads_applies_and_is_recorded(tiny) -> None:
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        result = run(tiny(steps=2, cpu_threads=1), "nth-farthest")
+        assert torch.get_num_threads() == 1
+        assert json.loads((result.run_dir / "run.json").read_text())["invocations"][-1][
+            "num_threads"
+        ] == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="cpu_threads must be >= 1"):
+        tiny(cpu_threads=0).__post_init__()
+
+
 def test_config_round_trip_and_strictness(tiny) -> None:
     config = tiny()
     data = config_to_dict(config)

@@ -84,6 +84,10 @@ class TrainConfig(Generic[TaskConfigT]):
         checkpoint_every: steps between checkpoints (also at the end and on a signal).
         keep_checkpoints: how many complete checkpoints to keep (>= 2 keeps a fallback).
         device: 'auto' (cuda, then mps, then cpu), 'cpu', 'cuda' or 'mps'.
+        cpu_threads: intra-op threads when training on the CPU (``torch.set_num_threads``);
+            None keeps PyTorch's default of one per core. Small recurrent models gain little
+            from a second thread and lose badly when another process holds a core: every one
+            of the step's many small parallel regions then waits for a descheduled thread.
         bf16: bfloat16 autocast for the forward pass (CUDA only).
         deterministic: ``torch.use_deterministic_algorithms(True)``.
         out_dir: parent of new run directories.
@@ -108,6 +112,7 @@ class TrainConfig(Generic[TaskConfigT]):
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    cpu_threads: int | None = None
     bf16: bool = False
     deterministic: bool = False
     out_dir: Path = Path("runs")
@@ -127,6 +132,8 @@ class TrainConfig(Generic[TaskConfigT]):
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.time_limit_min is not None and not self.time_limit_min > 0:
             raise ValueError(f"time_limit_min must be > 0 or None, got {self.time_limit_min}")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"cpu_threads must be >= 1 or None, got {self.cpu_threads}")
         if self.device not in ("auto", "cpu", "cuda", "mps"):
             raise ValueError(f"device must be auto, cpu, cuda or mps; got {self.device!r}")
 

@@ -323,6 +323,8 @@ def _run(
         )
     if config.deterministic:
         torch.use_deterministic_algorithms(True)
+    if device.type == "cpu" and config.cpu_threads is not None:
+        torch.set_num_threads(config.cpu_threads)
 
     resume_ckpt = None if config.resume is None else ckpt_io.resolve_checkpoint(config.resume)
     if resume_ckpt is not None:
