@@ -11,11 +11,15 @@ from relmem.tasks import NthFarthest, NthFarthestConfig
 from relmem.tasks.base import step_generator
 from relmem.train.loop import build_model
 
-TINY_CONFIGS = {"rmc": {"mem_slots": 2, "head_size": 4, "num_heads": 2}, "lstm": {"hidden_size": 8}}
+TINY_CONFIGS = {
+    "rmc": {"mem_slots": 2, "head_size": 4, "num_heads": 2},
+    "lstm": {"hidden_size": 8},
+    "dnc": {"hidden_size": 8, "num_layers": 2, "memory_size": 4, "word_size": 4},
+}
 
 
 def test_registry_lists_the_models() -> None:
-    assert {"rmc", "lstm"} <= set(list_models())
+    assert {"rmc", "lstm", "dnc"} <= set(list_models())
     with pytest.raises(KeyError, match="known models"):
         get_model("nope")
 

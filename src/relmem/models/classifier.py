@@ -4,6 +4,9 @@
 through 4 x (Linear(256) + ReLU) and a final Linear(C) giving logits. For the RMC that output is
 the flattened memory ``[B, N·M]``; for the LSTM baseline the top layer's last hidden state. With
 ``lengths`` (right-padded batches) "the last step" is each sequence's last valid one.
+
+This module also holds the RMC and LSTM configs and the head config, shared with the per-step
+models of :mod:`relmem.models.per_step`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from relmem.cores.rmc import RelationalMemory
-from relmem.models.registry import register_model
 from relmem.tasks.base import TaskSpec
 
 
@@ -166,18 +168,6 @@ class LSTMClassifier(nn.Module):
         else:
             _, (h, _) = self.core(inputs)
         return self.head(h[-1])
-
-
-@register_model("rmc", RMCModelConfig)
-def build_rmc(config: RMCModelConfig, head: HeadConfig, spec: TaskSpec) -> nn.Module:
-    """The RMC classifier of spec 1.3."""
-    return RMCClassifier(config, head, spec)
-
-
-@register_model("lstm", LSTMModelConfig)
-def build_lstm(config: LSTMModelConfig, head: HeadConfig, spec: TaskSpec) -> nn.Module:
-    """The ``nn.LSTM`` baseline with the same head."""
-    return LSTMClassifier(config, head, spec)
 
 
 def count_parameters(module: nn.Module) -> int:
