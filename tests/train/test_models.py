@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from relmem.models import HeadConfig, count_parameters, get_model, list_models
-from relmem.presets import LIBRARY_NAMES, PRESETS, get_preset
+from relmem.presets import LIBRARY_NAMES, PRESETS, TASK_OF, get_preset
 from relmem.tasks import NthFarthest, NthFarthestConfig
-from relmem.tasks.base import step_generator
+from relmem.tasks.base import get_task, list_tasks, step_generator
 from relmem.train.loop import build_model
 
 TINY_CONFIGS = {
@@ -44,11 +44,21 @@ def test_forward_backward_every_parameter(name: str) -> None:
 
 @pytest.mark.parametrize("preset", sorted(LIBRARY_NAMES))
 def test_presets_build(preset: str) -> None:
-    config = get_preset("nth-farthest", preset)
-    task = NthFarthest(config.task)
+    task_name = TASK_OF[preset]
+    config = get_preset(task_name, preset)
+    task = get_task(task_name).build(config.task)
     for model_name in list_models():
         config.model = model_name
         assert count_parameters(build_model(config, task)) > 0
+
+
+def test_every_task_has_its_default_preset_and_refuses_others() -> None:
+    for name in list_tasks():
+        entry = get_task(name)
+        assert TASK_OF[entry.default_preset] == name
+        assert PRESETS[name]["cpu"] is LIBRARY_NAMES[entry.default_preset]
+    with pytest.raises(KeyError, match="unknown preset 'nth_farthest_cpu' for task 'copy'"):
+        get_preset("copy", "nth_farthest_cpu")
 
 
 def test_paper_preset_matches_spec() -> None:
