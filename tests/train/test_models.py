@@ -1,4 +1,5 @@
-"""Every registered model and every preset: shapes, gradients, one step moves every weight."""
+"""Every registered model on a last-step and a per-step task, and every preset: shapes,
+gradients, one step moves every weight, padding changes nothing."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import torch
 
 from relmem.models import HeadConfig, count_parameters, get_model, list_models
 from relmem.presets import LIBRARY_NAMES, PRESETS, TASK_OF, get_preset
-from relmem.tasks import NthFarthest, NthFarthestConfig
-from relmem.tasks.base import get_task, list_tasks, step_generator
+from relmem.tasks import NthFarthest, NthFarthestConfig, RepeatCopyConfig
+from relmem.tasks.base import TaskSpec, get_task, list_tasks, step_generator
 from relmem.train.loop import build_model
 
 TINY_CONFIGS = {
@@ -24,15 +25,27 @@ def test_registry_lists_the_models() -> None:
         get_model("nope")
 
 
-@pytest.mark.parametrize("name", list_models())
-def test_forward_backward_every_parameter(name: str) -> None:
-    task = NthFarthest(NthFarthestConfig(num_objects=4, num_features=3, test_size=8))
+def tiny_model(name: str, spec: TaskSpec) -> torch.nn.Module:
     entry = get_model(name)
     torch.manual_seed(0)
-    model = entry.build(entry.config_cls(**TINY_CONFIGS.get(name, {})), HeadConfig((8,)), task.spec)
+    return entry.build(entry.config_cls(**TINY_CONFIGS.get(name, {})), HeadConfig((8,)), spec)
+
+
+TASKS = {
+    "nth-farthest": NthFarthestConfig(num_objects=4, num_features=3, test_size=8),
+    "repeat-copy": RepeatCopyConfig(test_size=8),
+}
+
+
+@pytest.mark.parametrize("task_name", sorted(TASKS))
+@pytest.mark.parametrize("name", list_models())
+def test_forward_backward_every_parameter(name: str, task_name: str) -> None:
+    task = get_task(task_name).build(TASKS[task_name])
+    model = tiny_model(name, task.spec)
     batch = task.sample(5, step_generator(torch.device("cpu"), 0))
-    logits = model(batch.inputs)
-    assert logits.shape == (5, 4) and torch.isfinite(logits).all()
+    logits = model(batch.inputs, lengths=batch.lengths)
+    expected = batch.targets.shape if task.spec.per_step else (5, 4)
+    assert logits.shape == expected and torch.isfinite(logits).all()
     before = [p.detach().clone() for p in model.parameters()]
     task.loss(logits, batch).backward()
     for pname, p in model.named_parameters():
@@ -40,6 +53,22 @@ def test_forward_backward_every_parameter(name: str) -> None:
     torch.optim.Adam(model.parameters(), lr=1e-3).step()
     for (pname, p), old in zip(model.named_parameters(), before, strict=True):
         assert not torch.equal(p, old), f"{name}: {pname} did not change"
+
+
+@pytest.mark.parametrize("output", ["last", "per_step"])
+@pytest.mark.parametrize("name", list_models())
+def test_padding_changes_nothing(name: str, output: str) -> None:
+    """With ``lengths``, example b's logits equal those of its unpadded prefix run alone."""
+    spec = TaskSpec(input_size=5, seq_len=6, output_size=3, output=output)
+    model = tiny_model(name, spec).eval()
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randn(4, 6, 5, generator=generator)  # the padding is noise, not zeros
+    lengths = torch.tensor([6, 2, 4, 1])
+    logits = model(inputs, lengths=lengths)
+    for b, steps in enumerate(lengths.tolist()):
+        alone = model(inputs[b : b + 1, :steps])[0]
+        got = logits[b, :steps] if spec.per_step else logits[b]
+        torch.testing.assert_close(got, alone, msg=f"{name}, example {b}")
 
 
 @pytest.mark.parametrize("preset", sorted(LIBRARY_NAMES))
@@ -53,7 +82,9 @@ def test_presets_build(preset: str) -> None:
 
 
 def test_every_task_has_its_default_preset_and_refuses_others() -> None:
-    for name in list_tasks():
+    library_tasks = {"nth-farthest", "repeat-copy", "copy", "associative-recall"}
+    assert set(PRESETS) == library_tasks <= set(list_tasks())  # tests register others
+    for name in library_tasks:
         entry = get_task(name)
         assert TASK_OF[entry.default_preset] == name
         assert PRESETS[name]["cpu"] is LIBRARY_NAMES[entry.default_preset]
