@@ -83,7 +83,8 @@ def test_reproducible_and_seeded() -> None:
     a = generate(64, 8, 16, step_generator(CPU, 0, 1, 5))
     b = generate(64, 8, 16, step_generator(CPU, 0, 1, 5))
     c = generate(64, 8, 16, step_generator(CPU, 0, 1, 6))
-    assert all(torch.equal(s, t) for s, t in zip(a, b, strict=True))
+    assert a.mask is None and a.lengths is None  # a last-step task: no mask, no padding
+    assert all(torch.equal(s, t) for s, t in zip(a[:3], b[:3], strict=True))
     assert not torch.equal(a.inputs, c.inputs)
     assert derive_seed(0, 1, 5) != derive_seed(0, 5, 1)
 
@@ -94,7 +95,8 @@ def test_held_out_is_fixed_and_label_distribution() -> None:
     assert torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets)
     counts = torch.bincount(a.targets, minlength=8).float() / 4000
     assert (counts - 1 / 8).abs().max() < 0.03  # labels are near uniform: chance is 1/K
-    assert task.spec.input_size == 40 and task.spec.seq_len == 8 and task.spec.num_classes == 8
+    assert task.spec.input_size == 40 and task.spec.seq_len == 8 and task.spec.output_size == 8
+    assert task.spec.output == "last" and not task.spec.per_step
 
 
 @pytest.mark.parametrize(

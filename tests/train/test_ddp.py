@@ -1,4 +1,5 @@
-"""``torchrun`` with 2 gloo processes matches one process with the same global batch."""
+"""``torchrun`` with 2 gloo processes matches one process with the same global batch, for a
+last-step task (Nth Farthest, RMC) and a padded per-step task (repeat copy, DNC)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -44,13 +46,21 @@ ARGS = [
     "3e-3",
     "--no-tensorboard",
 ]
+# Each rank's slice of a repeat-copy batch is trimmed to its own longest sequence.
+COPY_ARGS = [
+    "train", "repeat-copy", "--device", "cpu", "--steps", "8", "--batch-size", "16",
+    "--eval-batch", "32", "--task.test-size", "64", "--log-every", "4", "--eval-every", "8",
+    "--checkpoint-every", "8", "--dnc.hidden-size", "16", "--dnc.memory-size", "8",
+    "--dnc.word-size", "8", "--no-tensorboard",
+]  # fmt: skip
 
 
-def test_two_process_gloo_matches_single_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("args", [ARGS, COPY_ARGS], ids=["nth-farthest-rmc", "repeat-copy-dnc"])
+def test_two_process_gloo_matches_single_process(tmp_path: Path, args: list[str]) -> None:
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
     out = ["--out-dir", str(tmp_path)]
     single = subprocess.run(
-        [sys.executable, "-m", "relmem", *ARGS, *out, "--run-name", "single"],
+        [sys.executable, "-m", "relmem", *args, *out, "--run-name", "single"],
         env=env,
         capture_output=True,
         text=True,
@@ -67,7 +77,7 @@ def test_two_process_gloo_matches_single_process(tmp_path: Path) -> None:
             "2",
             "-m",
             "relmem",
-            *ARGS,
+            *args,
             *out,
             "--run-name",
             "ddp",

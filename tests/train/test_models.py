@@ -1,4 +1,5 @@
-"""Every registered model and every preset: shapes, gradients, one step moves every weight."""
+"""Every registered model on a last-step and a per-step task, and every preset: shapes,
+gradients, one step moves every weight, padding changes nothing."""
 
 from __future__ import annotations
 
@@ -6,29 +7,45 @@ import pytest
 import torch
 
 from relmem.models import HeadConfig, count_parameters, get_model, list_models
-from relmem.presets import LIBRARY_NAMES, PRESETS, get_preset
-from relmem.tasks import NthFarthest, NthFarthestConfig
-from relmem.tasks.base import step_generator
+from relmem.presets import LIBRARY_NAMES, PRESETS, TASK_OF, get_preset
+from relmem.tasks import NthFarthest, NthFarthestConfig, RepeatCopyConfig
+from relmem.tasks.base import TaskSpec, get_task, list_tasks, step_generator
 from relmem.train.loop import build_model
 
-TINY_CONFIGS = {"rmc": {"mem_slots": 2, "head_size": 4, "num_heads": 2}, "lstm": {"hidden_size": 8}}
+TINY_CONFIGS = {
+    "rmc": {"mem_slots": 2, "head_size": 4, "num_heads": 2},
+    "lstm": {"hidden_size": 8},
+    "dnc": {"hidden_size": 8, "num_layers": 2, "memory_size": 4, "word_size": 4},
+}
 
 
 def test_registry_lists_the_models() -> None:
-    assert {"rmc", "lstm"} <= set(list_models())
+    assert {"rmc", "lstm", "dnc"} <= set(list_models())
     with pytest.raises(KeyError, match="known models"):
         get_model("nope")
 
 
-@pytest.mark.parametrize("name", list_models())
-def test_forward_backward_every_parameter(name: str) -> None:
-    task = NthFarthest(NthFarthestConfig(num_objects=4, num_features=3, test_size=8))
+def tiny_model(name: str, spec: TaskSpec) -> torch.nn.Module:
     entry = get_model(name)
     torch.manual_seed(0)
-    model = entry.build(entry.config_cls(**TINY_CONFIGS.get(name, {})), HeadConfig((8,)), task.spec)
+    return entry.build(entry.config_cls(**TINY_CONFIGS.get(name, {})), HeadConfig((8,)), spec)
+
+
+TASKS = {
+    "nth-farthest": NthFarthestConfig(num_objects=4, num_features=3, test_size=8),
+    "repeat-copy": RepeatCopyConfig(test_size=8),
+}
+
+
+@pytest.mark.parametrize("task_name", sorted(TASKS))
+@pytest.mark.parametrize("name", list_models())
+def test_forward_backward_every_parameter(name: str, task_name: str) -> None:
+    task = get_task(task_name).build(TASKS[task_name])
+    model = tiny_model(name, task.spec)
     batch = task.sample(5, step_generator(torch.device("cpu"), 0))
-    logits = model(batch.inputs)
-    assert logits.shape == (5, 4) and torch.isfinite(logits).all()
+    logits = model(batch.inputs, lengths=batch.lengths)
+    expected = batch.targets.shape if task.spec.per_step else (5, 4)
+    assert logits.shape == expected and torch.isfinite(logits).all()
     before = [p.detach().clone() for p in model.parameters()]
     task.loss(logits, batch).backward()
     for pname, p in model.named_parameters():
@@ -38,13 +55,41 @@ def test_forward_backward_every_parameter(name: str) -> None:
         assert not torch.equal(p, old), f"{name}: {pname} did not change"
 
 
+@pytest.mark.parametrize("output", ["last", "per_step"])
+@pytest.mark.parametrize("name", list_models())
+def test_padding_changes_nothing(name: str, output: str) -> None:
+    """With ``lengths``, example b's logits equal those of its unpadded prefix run alone."""
+    spec = TaskSpec(input_size=5, seq_len=6, output_size=3, output=output)
+    model = tiny_model(name, spec).eval()
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randn(4, 6, 5, generator=generator)  # the padding is noise, not zeros
+    lengths = torch.tensor([6, 2, 4, 1])
+    logits = model(inputs, lengths=lengths)
+    for b, steps in enumerate(lengths.tolist()):
+        alone = model(inputs[b : b + 1, :steps])[0]
+        got = logits[b, :steps] if spec.per_step else logits[b]
+        torch.testing.assert_close(got, alone, msg=f"{name}, example {b}")
+
+
 @pytest.mark.parametrize("preset", sorted(LIBRARY_NAMES))
 def test_presets_build(preset: str) -> None:
-    config = get_preset("nth-farthest", preset)
-    task = NthFarthest(config.task)
+    task_name = TASK_OF[preset]
+    config = get_preset(task_name, preset)
+    task = get_task(task_name).build(config.task)
     for model_name in list_models():
         config.model = model_name
         assert count_parameters(build_model(config, task)) > 0
+
+
+def test_every_task_has_its_default_preset_and_refuses_others() -> None:
+    library_tasks = {"nth-farthest", "repeat-copy", "copy", "associative-recall"}
+    assert set(PRESETS) == library_tasks <= set(list_tasks())  # tests register others
+    for name in library_tasks:
+        entry = get_task(name)
+        assert TASK_OF[entry.default_preset] == name
+        assert PRESETS[name]["cpu"] is LIBRARY_NAMES[entry.default_preset]
+    with pytest.raises(KeyError, match="unknown preset 'nth_farthest_cpu' for task 'copy'"):
+        get_preset("copy", "nth_farthest_cpu")
 
 
 def test_paper_preset_matches_spec() -> None:

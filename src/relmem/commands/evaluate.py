@@ -1,4 +1,8 @@
-"""``relmem eval RUN_DIR``: held-out accuracy of a trained run, broken down by group (n)."""
+"""``relmem eval RUN_DIR``: the held-out metric of a trained run, broken down by group.
+
+The metric is the task's primary one: accuracy by rank for Nth Farthest, bit errors per
+sequence by pattern length (and repeat count) or item count for the copy tasks.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import tyro
 
 import relmem.models  # noqa: F401 - registers the models
 import relmem.tasks  # noqa: F401 - registers the tasks
+from relmem.tasks.base import get_task
 from relmem.train.checkpoint import CheckpointError
 from relmem.train.distributed import resolve_device
 from relmem.train.loop import evaluate
@@ -50,27 +55,29 @@ def main(argv: list[str]) -> int:
             if args.test_size < 1:
                 raise ValueError(f"--test-size must be >= 1, got {args.test_size}")
             config.task.test_size = args.test_size
-            task = type(task)(config.task)
+            task = get_task(task_name).build(config.task)
         held_out = task.held_out(device)
         result = evaluate(model, task, held_out)
     except (ValueError, TypeError, KeyError, CheckpointError, FileNotFoundError) as exc:
         print(f"relmem eval: error: {exc}", file=sys.stderr)
         return 2
     step = json.loads((ckpt / "meta.json").read_text())["step"]
+    metric = task.metric
     print(f"{task_name} / {config.model}, checkpoint {ckpt} (step {step})")
     print(
-        f"held-out accuracy {100 * result['accuracy']:.2f}% on {result['count']} sequences, "
-        f"loss {result['loss']:.4f}"
+        f"held-out {metric.description} {metric.format(result[metric.name])} on "
+        f"{result['count']} sequences, loss {result['loss']:.4f}"
     )
     print(f"by {task.group_name}:")
-    for group, acc in sorted(result["groups"].items()):
-        print(f"  {task.group_label(group):28s} {100 * acc:6.2f}%")
+    for group, value in sorted(result["groups"].items()):
+        print(f"  {task.group_label(group):28s} {metric.format(value):>8s}")
     out = args.json_out or Path(args.run_dir) / "eval.json"
     record = {
         "task": task_name,
         "model": config.model,
         "checkpoint": str(ckpt),
         "step": step,
+        "metric": metric.name,
         "group_name": task.group_name,
         **result,
     }

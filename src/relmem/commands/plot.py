@@ -1,8 +1,10 @@
 """``relmem plot RUN_DIR``: learning curves and, for the RMC, attention heatmaps (PNG).
 
-- ``curves.png``: held-out / training / best-batch accuracy and losses against steps and
-  against wall-clock time, from ``metrics.jsonl`` (never from TensorBoard).
-- ``attention_example_{i}.png`` (RMC only): for one held-out sequence, one heatmap per head
+- ``curves.png``: held-out / training / best-batch values of the task's primary metric
+  (accuracy, bit errors per sequence, ...) and losses against steps and against wall-clock
+  time, from ``metrics.jsonl`` (never from TensorBoard).
+- ``attention_example_{i}.png`` (RMC on a last-step task such as Nth Farthest; skipped for
+  other models and for per-step tasks): for one held-out sequence, one heatmap per head
   (columns) and time step (rows) of the first block's attention weights: query rows are the
   N memory slots and the input row, key columns the same N + 1 rows (paper section 5.1, Fig. 3).
 """
@@ -20,6 +22,7 @@ import tyro
 import relmem.models  # noqa: F401 - registers the models
 import relmem.tasks  # noqa: F401 - registers the tasks
 from relmem.models.classifier import RMCClassifier
+from relmem.tasks.base import ACCURACY, MetricSpec
 from relmem.train.checkpoint import CheckpointError
 from relmem.train.metrics import read_metrics
 from relmem.train.runs import load_trained
@@ -49,11 +52,12 @@ def plot_curves(
     path: Path,
     title: str,
     levels: dict[str, float] | None = None,
+    metric: MetricSpec = ACCURACY,
 ) -> None:
-    """Accuracy and loss against steps (top) and wall-clock minutes (bottom).
+    """The metric and the loss against steps (top) and wall-clock minutes (bottom).
 
-    ``levels`` are dashed reference accuracies drawn across the accuracy panels (e.g. chance
-    and the 2/K plateau).
+    ``levels`` are dashed reference values drawn across the metric panels (e.g. chance and the
+    2/K plateau of Nth Farthest); ``metric`` is the task's primary metric.
     """
     import matplotlib
 
@@ -61,10 +65,11 @@ def plot_curves(
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
+    m = metric.name
     series = [
-        ("train/accuracy", "train batch", 0),
-        ("eval/accuracy", "held-out", 0),
-        ("eval/best_batch_accuracy", "best fresh batch", 0),
+        (f"train/{m}", "train batch", 0),
+        (f"eval/{m}", "held-out", 0),
+        (f"eval/best_batch_{m}", "best fresh batch", 0),
         ("train/loss", "train", 1),
         ("eval/loss", "held-out", 1),
     ]
@@ -80,7 +85,7 @@ def plot_curves(
                 axes[row][col].plot(xs, ys, label=label)
         for i, (label, value) in enumerate((levels or {}).items()):
             axes[row][0].axhline(value, color="grey", linestyle=("--", ":")[i % 2], label=label)
-        axes[row][0].set_ylabel("accuracy")
+        axes[row][0].set_ylabel(metric.description)
         axes[row][1].set_ylabel("cross-entropy")
         for col in (0, 1):
             axes[row][col].set_xlabel(xlabel)
@@ -172,8 +177,12 @@ def main(argv: list[str]) -> int:
     if task_name == "nth-farthest":
         k = config.task.num_objects
         levels = {f"plateau 2/K = {2 / k:.1%}": 2 / k, f"chance 1/K = {1 / k:.1%}": 1 / k}
-    plot_curves(records, curves, f"{task_name} / {config.model} ({args.run_dir})", levels)
+    title = f"{task_name} / {config.model} ({args.run_dir})"
+    plot_curves(records, curves, title, levels, task.metric)
     print(f"written {curves}")
+    if task.spec.per_step:
+        print(f"no attention maps: they are drawn for last-step tasks, not {task_name!r}")
+        return 0
     if not isinstance(model, RMCClassifier):
         print(f"no attention maps: model {config.model!r} has no attention")
         return 0
@@ -185,7 +194,7 @@ def main(argv: list[str]) -> int:
         return 2
     held_out = task.held_out(torch.device("cpu"))
     logits = model(held_out.inputs[: args.examples])
-    k = task.spec.num_classes
+    k = task.spec.output_size
     for i in range(min(args.examples, held_out.targets.shape[0])):
         maps = attention_maps(model, held_out.inputs[i], args.block)
         target, guess = int(held_out.targets[i]), int(logits[i].argmax())

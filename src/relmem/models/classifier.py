@@ -2,7 +2,11 @@
 
 ``specs/tasks.md`` 1.3: the model reads all T rows; the core's output after the last step goes
 through 4 x (Linear(256) + ReLU) and a final Linear(C) giving logits. For the RMC that output is
-the flattened memory ``[B, N·M]``; for the LSTM baseline the top layer's last hidden state.
+the flattened memory ``[B, N·M]``; for the LSTM baseline the top layer's last hidden state. With
+``lengths`` (right-padded batches) "the last step" is each sequence's last valid one.
+
+This module also holds the RMC and LSTM configs and the head config, shared with the per-step
+models of :mod:`relmem.models.per_step`.
 """
 
 from __future__ import annotations
@@ -11,9 +15,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence
 
 from relmem.cores.rmc import RelationalMemory
-from relmem.models.registry import register_model
 from relmem.tasks.base import TaskSpec
 
 
@@ -85,6 +89,23 @@ class LSTMModelConfig:
             )
 
 
+def rmc_core(config: RMCModelConfig, input_size: int) -> RelationalMemory:
+    """A batch-first :class:`RelationalMemory` from ``config``: ``[B, T, F] -> [B, T, N·M]``."""
+    return RelationalMemory(
+        input_size,
+        config.mem_slots,
+        config.head_size,
+        config.num_heads,
+        config.num_blocks,
+        forget_bias=config.forget_bias,
+        input_bias=config.input_bias,
+        gate_style=None if config.gate_style == "none" else config.gate_style,
+        attention_mlp_layers=config.attention_mlp_layers,
+        key_size=config.key_size,
+        batch_first=True,
+    )
+
+
 def mlp_head(in_features: int, config: HeadConfig, num_classes: int) -> nn.Sequential:
     """``[Linear + ReLU] * len(hidden_sizes)``, then ``Linear(num_classes)``.
 
@@ -103,30 +124,21 @@ class RMCClassifier(nn.Module):
     """RMC over the rows, flattened final memory, MLP head.
 
     Shapes:
-        - input: ``[B, T, F]``.
+        - input: ``[B, T, F]``; lengths: optional ``[B]`` int64 in ``1..T``.
         - output: logits ``[B, C]``.
     """
 
     def __init__(self, config: RMCModelConfig, head: HeadConfig, spec: TaskSpec) -> None:
         super().__init__()
-        self.core = RelationalMemory(
-            spec.input_size,
-            config.mem_slots,
-            config.head_size,
-            config.num_heads,
-            config.num_blocks,
-            forget_bias=config.forget_bias,
-            input_bias=config.input_bias,
-            gate_style=None if config.gate_style == "none" else config.gate_style,
-            attention_mlp_layers=config.attention_mlp_layers,
-            key_size=config.key_size,
-            batch_first=True,
-        )
-        self.head = mlp_head(self.core.output_size, head, spec.num_classes)
+        self.core = rmc_core(config, spec.input_size)
+        self.head = mlp_head(self.core.output_size, head, spec.output_size)
 
-    def forward(self, inputs: Tensor) -> Tensor:
-        """``inputs [B, T, F]`` -> ``logits [B, C]`` from the final memory ``[B, N·M]``."""
-        _, state = self.core(inputs)
+    def forward(self, inputs: Tensor, lengths: Tensor | None = None) -> Tensor:
+        """``inputs [B, T, F]`` -> ``logits [B, C]`` from the final memory ``[B, N·M]``.
+
+        With ``lengths`` the final memory is each sequence's after its last valid step.
+        """
+        _, state = self.core(inputs, lengths=lengths)
         return self.head(state.memory.flatten(1))
 
 
@@ -134,7 +146,7 @@ class LSTMClassifier(nn.Module):
     """``nn.LSTM`` over the rows, last hidden state of the top layer, MLP head.
 
     Shapes:
-        - input: ``[B, T, F]``.
+        - input: ``[B, T, F]``; lengths: optional ``[B]`` int64 in ``1..T``.
         - output: logits ``[B, C]``.
     """
 
@@ -143,24 +155,19 @@ class LSTMClassifier(nn.Module):
         self.core = nn.LSTM(
             spec.input_size, config.hidden_size, config.num_layers, batch_first=True
         )
-        self.head = mlp_head(config.hidden_size, head, spec.num_classes)
+        self.head = mlp_head(config.hidden_size, head, spec.output_size)
 
-    def forward(self, inputs: Tensor) -> Tensor:
-        """``inputs [B, T, F]`` -> ``logits [B, C]`` from ``h_T`` of the top layer ``[B, H]``."""
-        _, (h, _) = self.core(inputs)  # h: [num_layers, B, H]
+    def forward(self, inputs: Tensor, lengths: Tensor | None = None) -> Tensor:
+        """``inputs [B, T, F]`` -> ``logits [B, C]`` from ``h_T`` of the top layer ``[B, H]``.
+
+        With ``lengths`` the input is packed, so ``h`` is each sequence's at its last valid step.
+        """
+        if lengths is not None:
+            packed = pack_padded_sequence(inputs, lengths.cpu(), True, enforce_sorted=False)
+            _, (h, _) = self.core(packed)  # h: [num_layers, B, H], in the input's order
+        else:
+            _, (h, _) = self.core(inputs)
         return self.head(h[-1])
-
-
-@register_model("rmc", RMCModelConfig)
-def build_rmc(config: RMCModelConfig, head: HeadConfig, spec: TaskSpec) -> nn.Module:
-    """The RMC classifier of spec 1.3."""
-    return RMCClassifier(config, head, spec)
-
-
-@register_model("lstm", LSTMModelConfig)
-def build_lstm(config: LSTMModelConfig, head: HeadConfig, spec: TaskSpec) -> nn.Module:
-    """The ``nn.LSTM`` baseline with the same head."""
-    return LSTMClassifier(config, head, spec)
 
 
 def count_parameters(module: nn.Module) -> int:
@@ -176,4 +183,5 @@ __all__ = [
     "RMCModelConfig",
     "count_parameters",
     "mlp_head",
+    "rmc_core",
 ]

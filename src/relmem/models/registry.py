@@ -1,9 +1,12 @@
 """The model registry: a name maps to a config dataclass and a builder.
 
-A builder is ``build(model_config, head_config, task_spec) -> nn.Module``; the module maps
-``inputs [B, T, F]`` (batch-first) to ``logits [B, C]``. The trainer's ``--model`` choices, the
-checkpoint loader and the parametrised tests all read this table, so a new core (the DNC)
-joins with one decorated function and one config dataclass.
+A builder is ``build(model_config, head_config, task_spec) -> nn.Module``; the module's
+``forward(inputs, lengths=None)`` maps ``inputs [B, T, F]`` (batch-first, right-padded to the
+optional ``lengths [B]``) to ``logits [B, C]`` for a last-step task or ``[B, T, O]`` for a
+per-step task (``task_spec.output``). The trainer's ``--model`` choices, the checkpoint loader
+and the parametrised tests all read this table, so a new core joins with one decorated function
+(see :mod:`relmem.models.builders`), one config dataclass and a field of that name on
+``TrainConfig``.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from relmem.tasks.base import Batch, TaskSpec, register_task, step_generator
+from relmem.tasks.base import ACCURACY, Batch, TaskSpec, register_task, step_generator
 
 Convention = Literal["reference", "l0sg"]
 
@@ -141,11 +141,13 @@ class NthFarthest:
     """
 
     group_name = "rank (0 = the reference itself, K-1 = the farthest)"
+    metric = ACCURACY
 
     def __init__(self, config: NthFarthestConfig) -> None:
         self.config = config
         k, f = config.num_objects, config.num_features
-        self.spec = TaskSpec(input_size=f + 3 * k, seq_len=k, num_classes=k)
+        self.spec = TaskSpec(input_size=f + 3 * k, seq_len=k, output_size=k)  # last-step
+        self.num_groups = k
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
         """A fresh batch: ``inputs [B, K, F+3K]``, ``targets [B]``, ``groups [B]``."""
@@ -158,8 +160,7 @@ class NthFarthest:
         It is drawn on the CPU and moved to ``device``, so it is bit-identical on every device.
         """
         generator = step_generator(torch.device("cpu"), self.config.test_seed)
-        batch = self.sample(self.config.test_size, generator)
-        return Batch(*(t.to(device) for t in batch))
+        return self.sample(self.config.test_size, generator).to(device)
 
     def group_label(self, group: int) -> str:
         """``'rank r (paper n = K - r)'``: the paper counts n from 1 = the farthest."""

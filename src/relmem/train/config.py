@@ -1,7 +1,8 @@
 """Typed training configuration: plain dataclasses, no CLI dependency.
 
 :class:`TrainConfig` is generic in the task's config (``TrainConfig[NthFarthestConfig]``) and
-holds one config per registered model (``rmc``, ``lstm``); ``model`` picks which one is built.
+holds one config per registered model (``rmc``, ``lstm``, ``dnc``); ``model`` picks which one is
+built.
 The CLI (``relmem.commands.train``) parses these with tyro; :func:`config_to_dict` and
 :func:`config_from_dict` give the ``config.json`` of every run directory, and reloading it
 rejects unknown keys and wrong types.
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
 from relmem.models.classifier import HeadConfig, LSTMModelConfig, RMCModelConfig
+from relmem.models.dnc import DNCModelConfig
 from relmem.models.registry import list_models
 
 TaskConfigT = TypeVar("TaskConfigT")
@@ -68,18 +70,20 @@ class TrainConfig(Generic[TaskConfigT]):
     """Everything that defines a training run.
 
     Attributes:
-        task: the task's config dataclass (e.g. ``NthFarthestConfig``).
-        model: which registered model to train ('rmc' or 'lstm'; see ``list_models()``).
+        task: the task's config dataclass (e.g. ``NthFarthestConfig``, ``RepeatCopyConfig``).
+        model: which registered model to train ('dnc', 'lstm' or 'rmc'; ``list_models()``).
         rmc: the RMC's settings (used when ``model == 'rmc'``).
         lstm: the LSTM baseline's settings (used when ``model == 'lstm'``).
-        head: the MLP head on the core's last output.
+        dnc: the DNC's settings (used when ``model == 'dnc'``).
+        head: the MLP head on the core's last output (last-step tasks; per-step tasks use a
+            linear readout per step).
         optim: optimiser, schedule and clipping.
         steps: optimiser steps in total (a resumed run continues up to this count).
         batch_size: the global batch; with N data-parallel processes each takes batch_size / N.
         seed: seeds the weights and the training data; data is a function of (seed, step).
         time_limit_min: stop (and checkpoint) after this many minutes of training; None: none.
         eval_every: steps between held-out evaluations (also at the end).
-        eval_batch: the fresh batch for the paper's best-batch accuracy (spec 1.4: 1600).
+        eval_batch: the fresh batch for the paper's best-batch metric (spec 1.4: 1600).
         log_every: steps between metric lines in metrics.jsonl / TensorBoard / stdout.
         checkpoint_every: steps between checkpoints (also at the end and on a signal).
         keep_checkpoints: how many complete checkpoints to keep (>= 2 keeps a fallback).
@@ -100,6 +104,7 @@ class TrainConfig(Generic[TaskConfigT]):
     model: str = "rmc"
     rmc: RMCModelConfig = field(default_factory=RMCModelConfig)
     lstm: LSTMModelConfig = field(default_factory=LSTMModelConfig)
+    dnc: DNCModelConfig = field(default_factory=DNCModelConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     steps: int = 10000

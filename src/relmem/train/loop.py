@@ -5,6 +5,10 @@
 - data: every step draws the *global* batch on the training device from a generator seeded by
   ``(seed, step)`` and each data-parallel rank keeps its slice, so the data never depends on the
   number of processes or on where a run was resumed (generation costs far less than a step);
+- tasks: last-step (classification, ``logits [B, C]``) or per-step (``logits [B, T, O]`` with a
+  mask and ``lengths``, which the model receives); the task's primary metric
+  (:class:`~relmem.tasks.base.MetricSpec`: accuracy, bit errors, ...) is logged as
+  ``train/{name}``, ``eval/{name}``, ``eval/best_batch_{name}`` and per group;
 - the run directory gets ``config.json`` (resolved config), ``run.json`` (command lines,
   versions, git SHA, devices), ``metrics.jsonl``, ``tb/``, ``checkpoints/`` and ``summary.json``;
 - checkpoints are atomic (:mod:`relmem.train.checkpoint`); a resumed CPU run ends bit-identical
@@ -37,7 +41,7 @@ from tqdm import tqdm
 
 from relmem.models.classifier import count_parameters
 from relmem.models.registry import get_model
-from relmem.tasks.base import Batch, Task, get_task, step_generator
+from relmem.tasks.base import Batch, MetricSpec, Task, get_task, step_generator
 from relmem.train import checkpoint as ckpt_io
 from relmem.train.config import TrainConfig, config_to_dict
 from relmem.train.distributed import (
@@ -147,8 +151,7 @@ def _shard(batch: Batch, info: DistInfo) -> Batch:
         return batch
     size = batch.targets.shape[0]
     per = size // info.world_size
-    lo, hi = info.rank * per, (info.rank + 1) * per
-    return Batch(*(None if t is None else t[lo:hi] for t in batch))
+    return batch.select(slice(info.rank * per, (info.rank + 1) * per))
 
 
 def accumulator_dtype(device: torch.device) -> torch.dtype:
@@ -172,10 +175,11 @@ def evaluate(
     chunk: int = 4000,
     bf16: bool = False,
 ) -> dict[str, Any]:
-    """Loss and accuracy of ``model`` on ``batch``, sharded over ranks and summed.
+    """Loss and primary metric of ``model`` on ``batch``, sharded over ranks and summed.
 
     Args:
-        model: maps ``inputs [B, T, F]`` to ``logits [B, C]``.
+        model: maps ``inputs [B, T, F]`` (and ``lengths [B]``) to ``logits [B, C]`` or
+            ``[B, T, O]``.
         task: supplies the loss and the metrics.
         batch: the *global* batch; each rank evaluates its strided share.
         info: the process group.
@@ -183,41 +187,42 @@ def evaluate(
         bf16: bfloat16 autocast (CUDA).
 
     Returns:
-        ``{'loss', 'accuracy', 'count', 'groups': {group id: accuracy}}``.
+        ``{'loss', task.metric.name, 'count', 'groups': {group id: metric}}``, means over the
+        batch and over each group's sequences.
     """
     info = info or DistInfo()
     was_training = model.training
     model.eval()
     device = batch.inputs.device
     acc = accumulator_dtype(device)
-    num_classes = task.spec.num_classes
-    sums = torch.zeros(2, dtype=acc, device=device)  # loss sum, correct
-    group_correct = torch.zeros(num_classes, dtype=acc, device=device)
-    group_count = torch.zeros(num_classes, dtype=acc, device=device)
+    name = task.metric.name
+    sums = torch.zeros(2, dtype=acc, device=device)  # loss sum, metric sum
+    group_sum = torch.zeros(task.num_groups, dtype=acc, device=device)
+    group_count = torch.zeros(task.num_groups, dtype=acc, device=device)
     indices = torch.arange(info.rank, batch.targets.shape[0], info.world_size, device=device)
     for part in indices.split(chunk):
-        sub = Batch(*(None if t is None else t[part] for t in batch))
+        sub = batch.select(part)
         with _autocast(device, bf16):
-            logits = model(sub.inputs)
-        correct = task.metrics(logits, sub)["accuracy"].to(acc)
+            logits = model(sub.inputs, lengths=sub.lengths)
+        values = task.metrics(logits, sub)[name].to(acc)  # [b]
         sums[0] += task.loss(logits, sub).to(acc) * part.numel()
-        sums[1] += correct.sum()
+        sums[1] += values.sum()
         if sub.groups is not None:
-            group_correct.index_add_(0, sub.groups, correct)
-            group_count.index_add_(0, sub.groups, torch.ones_like(correct))
+            group_sum.index_add_(0, sub.groups, values)
+            group_count.index_add_(0, sub.groups, torch.ones_like(values))
     all_reduce_sum(sums, info)
-    all_reduce_sum(group_correct, info)
+    all_reduce_sum(group_sum, info)
     all_reduce_sum(group_count, info)
     count = batch.targets.shape[0]
     model.train(was_training)
     groups = {
-        int(g): (group_correct[g] / group_count[g]).item()
-        for g in range(num_classes)
+        int(g): (group_sum[g] / group_count[g]).item()
+        for g in range(task.num_groups)
         if group_count[g] > 0
     }
     return {
         "loss": (sums[0] / count).item(),
-        "accuracy": (sums[1] / count).item(),
+        name: (sums[1] / count).item(),
         "count": count,
         "groups": groups,
     }
@@ -335,6 +340,7 @@ def _run(
         train_state = None
 
     task = get_task(task_name).build(config.task)
+    metric = task.metric
     model = build_model(config, task).to(device)
     if resume_ckpt is not None:
         ckpt_io.load_weights(resume_ckpt, model, device)
@@ -352,7 +358,7 @@ def _run(
         scheduler.load_state_dict(train_state["scheduler"])
         step = int(train_state["step"])
         elapsed_before = float(train_state["elapsed_s"])
-        best_batch = float(train_state["best_batch_accuracy"])
+        best_batch = float(train_state[f"best_batch_{metric.name}"])
         torch.set_rng_state(train_state["rng"]["cpu"])
         if device.type == "cuda" and train_state["rng"]["cuda"]:
             torch.cuda.set_rng_state_all(train_state["rng"]["cuda"])
@@ -408,7 +414,7 @@ def _run(
                         "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
                     },
                     "elapsed_s": state.elapsed(),
-                    "best_batch_accuracy": state.best_batch,
+                    f"best_batch_{metric.name}": state.best_batch,
                     "task_name": task_name,
                     "config": json.dumps(config_dict),
                     "world_size": info.world_size,
@@ -418,19 +424,20 @@ def _run(
         barrier(info)
 
     def evaluate_now() -> dict[str, Any]:
+        m = metric.name
         result = evaluate(model, task, held_out, info=info, bf16=config.bf16)
         fresh = task.sample(
             config.eval_batch, step_generator(device, config.seed, STREAM_EVAL_BATCH, state.step)
         )
-        batch_acc = evaluate(model, task, fresh, info=info, bf16=config.bf16)["accuracy"]
-        if not batch_acc <= state.best_batch:  # also replaces the initial NaN
-            state.best_batch = batch_acc
+        batch_value = evaluate(model, task, fresh, info=info, bf16=config.bf16)[m]
+        if metric.improves(batch_value, state.best_batch):
+            state.best_batch = batch_value
         return {
-            "eval/accuracy": result["accuracy"],
+            f"eval/{m}": result[m],
             "eval/loss": result["loss"],
-            "eval/batch_accuracy": batch_acc,
-            "eval/best_batch_accuracy": state.best_batch,
-            **{f"eval/accuracy_group_{g}": a for g, a in result["groups"].items()},
+            f"eval/batch_{m}": batch_value,
+            f"eval/best_batch_{m}": state.best_batch,
+            **{f"eval/{m}_group_{g}": v for g, v in result["groups"].items()},
         }
 
     bar = tqdm(
@@ -443,7 +450,7 @@ def _run(
     status, exit_code, last_eval = "completed", EXIT_OK, None
     stop = _StopFlag()
     acc = accumulator_dtype(device)
-    train_sums = torch.zeros(3, dtype=acc, device=device)  # loss, correct, count
+    train_sums = torch.zeros(3, dtype=acc, device=device)  # loss, metric, count
     window_start, window_steps = time.perf_counter(), 0
     state.start()
     wrapped.train()
@@ -453,7 +460,7 @@ def _run(
                 generator = step_generator(device, config.seed, STREAM_TRAIN, state.step)
                 batch = _shard(task.sample(config.batch_size, generator), info)
                 with _autocast(device, config.bf16):
-                    logits = wrapped(batch.inputs)
+                    logits = wrapped(batch.inputs, lengths=batch.lengths)
                 loss = task.loss(logits, batch)
                 time_up = (
                     config.time_limit_min is not None
@@ -479,11 +486,11 @@ def _run(
                 window_steps += 1
                 bar.update(1)
                 with torch.no_grad():
-                    correct = task.metrics(logits.detach(), batch)["accuracy"].to(acc).sum()
+                    value = task.metrics(logits.detach(), batch)[metric.name].to(acc).sum()
                     train_sums += torch.stack(
                         [
                             loss.detach().to(acc) * per_rank,
-                            correct,
+                            value,
                             torch.tensor(per_rank, dtype=acc, device=device),
                         ]
                     )
@@ -492,12 +499,12 @@ def _run(
                 if state.step % config.log_every == 0 or done:
                     all_reduce_sum(train_sums, info)
                     now = time.perf_counter()
-                    loss_sum, correct_sum, count = train_sums.tolist()
+                    loss_sum, value_sum, count = train_sums.tolist()
                     rate = window_steps * config.batch_size / max(now - window_start, 1e-9)
                     metrics.update(
                         {
                             "train/loss": loss_sum / count,
-                            "train/accuracy": correct_sum / count,
+                            f"train/{metric.name}": value_sum / count,
                             "train/lr": scheduler.get_last_lr()[0],
                             "perf/sequences_per_s": rate,
                         }
@@ -510,7 +517,7 @@ def _run(
                 if metrics and logger is not None:
                     metrics["time_s"] = state.elapsed()
                     logger.log_dict(metrics, state.step)
-                    _report(bar, state.step, metrics)
+                    _report(bar, state.step, metrics, metric)
                 if state.step % config.checkpoint_every == 0 or done:
                     save()
                 if signum or time_up_any:
@@ -550,20 +557,21 @@ def _run(
         "device": str(device),
         "world_size": info.world_size,
         "held_out_size": int(held_out.targets.shape[0]),
-        "held_out_accuracy": None if last_eval is None else last_eval["eval/accuracy"],
+        "metric": metric.name,
+        f"held_out_{metric.name}": None if last_eval is None else last_eval[f"eval/{metric.name}"],
         "held_out_loss": None if last_eval is None else last_eval["eval/loss"],
-        "best_batch_accuracy": None if math.isnan(state.best_batch) else state.best_batch,
+        f"best_batch_{metric.name}": None if math.isnan(state.best_batch) else state.best_batch,
         "run_dir": str(run_dir),
     }
     if info.is_main:
         _write_json(run_dir / "summary.json", summary)
         if logger is not None:
             logger.close()
-        acc = summary["held_out_accuracy"]
-        shown = "n/a" if acc is None else f"{100 * acc:.2f}%"
+        value = summary[f"held_out_{metric.name}"]
+        shown = "n/a" if value is None else metric.format(value)
         print(
             f"relmem: {status} after {state.step} steps in {state.elapsed():.0f} s; "
-            f"held-out accuracy {shown}; run directory: {run_dir}",
+            f"held-out {metric.description} {shown}; run directory: {run_dir}",
             flush=True,
         )
     return RunResult(run_dir, status, exit_code, summary)
@@ -590,11 +598,11 @@ class _LoopState:
         return self.elapsed_before + self.session()
 
 
-def _report(bar: tqdm, step: int, metrics: dict[str, float]) -> None:
+def _report(bar: tqdm, step: int, metrics: dict[str, float], metric: MetricSpec) -> None:
     shown = {
         "loss": metrics.get("train/loss"),
-        "acc": metrics.get("train/accuracy"),
-        "eval": metrics.get("eval/accuracy"),
+        metric.short: metrics.get(f"train/{metric.name}"),
+        "eval": metrics.get(f"eval/{metric.name}"),
         "seq/s": metrics.get("perf/sequences_per_s"),
     }
     shown = {k: v for k, v in shown.items() if v is not None}
