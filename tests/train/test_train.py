@@ -195,6 +195,20 @@ def test_new_run_refuses_to_overwrite(tiny) -> None:
         run(tiny(steps=5), "nth-farthest")
 
 
+def test_time_limit_evaluates_the_final_weights(tiny, monkeypatch) -> None:
+    """A run stopped by its time limit reports the held-out figures of the weights it saved."""
+    from relmem.train import loop
+
+    # The time limit is up from the 7th step on, between two evaluations (every 5 steps).
+    monkeypatch.setattr(loop._LoopState, "session", lambda self: 1e9 if self.step >= 6 else 0.0)
+    result = run(tiny(steps=50, eval_every=5, time_limit_min=1.0), "nth-farthest")
+    assert result.status == "time_limit"
+    assert result.summary["steps"] == result.summary["held_out_step"] == 7
+    evals = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if "eval/accuracy" in r]
+    assert evals[-1]["step"] == 7
+    assert result.summary["held_out_accuracy"] == evals[-1]["eval/accuracy"]
+
+
 def test_cpu_threads_applies_and_is_recorded(tiny) -> None:
     before = torch.get_num_threads()
     try:

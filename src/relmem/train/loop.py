@@ -447,7 +447,7 @@ def _run(
         dynamic_ncols=True,
         unit="step",
     )
-    status, exit_code, last_eval = "completed", EXIT_OK, None
+    status, exit_code, last_eval, last_eval_step = "completed", EXIT_OK, None, state.step
     stop = _StopFlag()
     acc = accumulator_dtype(device)
     train_sums = torch.zeros(3, dtype=acc, device=device)  # loss, metric, count
@@ -511,8 +511,8 @@ def _run(
                     )
                     train_sums.zero_()
                     window_start, window_steps = now, 0
-                if state.step % config.eval_every == 0 or done:
-                    last_eval = evaluate_now()
+                if state.step % config.eval_every == 0 or done or time_up_any:
+                    last_eval, last_eval_step = evaluate_now(), state.step
                     metrics.update(last_eval)
                 if metrics and logger is not None:
                     metrics["time_s"] = state.elapsed()
@@ -544,7 +544,7 @@ def _run(
         bar.close()
 
     if last_eval is None and status != "diverged":
-        last_eval = evaluate_now()
+        last_eval, last_eval_step = evaluate_now(), state.step
     summary = {
         "status": status,
         "task": task_name,
@@ -557,6 +557,7 @@ def _run(
         "device": str(device),
         "world_size": info.world_size,
         "held_out_size": int(held_out.targets.shape[0]),
+        "held_out_step": last_eval_step,
         "metric": metric.name,
         f"held_out_{metric.name}": None if last_eval is None else last_eval[f"eval/{metric.name}"],
         "held_out_loss": None if last_eval is None else last_eval["eval/loss"],
