@@ -95,7 +95,8 @@ def nth_farthest_cpu() -> TrainConfig[NthFarthestConfig]:
     The learning rate matters more than anything else here: at 1e-3 the RMC, the LSTM and even
     an MLP over the flattened rows settled on the 2/K plateau and stayed there (RMC 59k steps,
     MLP 84k); at 1e-4 the RMC leaves it after about 5,000 steps. One thread: on the 2-core
-    development VM, with another process busy, two threads ran 0.4 steps/s and one 31.
+    development VM two threads were 1.55x faster when it was idle, but ran 0.4 steps/s against
+    one thread's 31 while another process kept a core busy.
     """
     return TrainConfig(
         task=NthFarthestConfig(num_objects=4, num_features=4, test_size=4000),
