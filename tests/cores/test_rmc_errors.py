@@ -13,14 +13,6 @@ from relmem import RelationalMemory, RelationalMemoryCell, RMCConfig, RMCState
 BASE = {"input_size": 3, "mem_slots": 2, "head_size": 2, "num_heads": 2}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture
 def cell():
     torch.manual_seed(0)

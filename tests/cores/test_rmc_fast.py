@@ -46,16 +46,6 @@ CASES = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These cases are tiny; on a shared 2-core machine two intra-op threads spend most of
-    their time waiting for each other (93 s against 5 s for this file, measured)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _randomise(module: torch.nn.Module, generator: torch.Generator) -> None:
     """Perturb every parameter (LN γ/β and biases included) so no term is trivially 0 or 1."""
     with torch.no_grad():

@@ -7,15 +7,6 @@ import torch
 
 from relmem import RelationalMemory, RelationalMemoryCell, RMCState
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 TINY = {"input_size": 2, "mem_slots": 2, "head_size": 2, "num_heads": 2, "dtype": torch.float64}
 
 

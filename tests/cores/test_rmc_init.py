@@ -10,15 +10,6 @@ import torch
 from relmem import RelationalMemory, RelationalMemoryCell
 from relmem.cores.rmc import layer_norm_fp32
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 F_IN, N_ROWS, H, D = 40, 3, 4, 16
 M = H * D
 

@@ -11,14 +11,6 @@ from relmem import RelationalMemory, RMCState, detach_state
 T, B = 5, 3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 CONFIGS = {
     "vector-unit": {},
     "matrix2-memory-b2": {"input_rows": 2, "gate_style": "memory", "num_blocks": 2},

@@ -14,15 +14,6 @@ import torch
 
 from relmem import RelationalMemoryCell
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # ---------------------------------------------------------------- the NumPy reference
 
 

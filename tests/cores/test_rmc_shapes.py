@@ -13,15 +13,6 @@ F_IN, N, H, D, B, T = 3, 2, 2, 2, 2, 3
 M = H * D
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add contention on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # Every combination of the options (output_gate and trainable_gate_biases need gating).
 _COMBOS = [
     combo

@@ -12,14 +12,6 @@ from relmem import RelationalMemory, RelationalMemoryCell, RMCState
 BASE = {"input_size": 3, "mem_slots": 3, "head_size": 2, "num_heads": 2}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def perturb_(module: torch.nn.Module, seed: int = 1) -> None:
     """Non-trivial biases and LayerNorm affine parameters."""
     gen = torch.Generator().manual_seed(seed)
