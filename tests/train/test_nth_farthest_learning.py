@@ -22,8 +22,7 @@ from relmem.train.loop import run
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_rmc_leaves_the_plateau(tmp_path: Path) -> None:
-    torch.set_num_threads(1)
-    config = nth_farthest_cpu()
+    config = nth_farthest_cpu()  # one CPU thread, which run() sets for the process
     config.task = NthFarthestConfig(num_objects=3, num_features=2, test_size=3000)
     config.steps = 4000
     config.time_limit_min = None
@@ -32,7 +31,11 @@ def test_rmc_leaves_the_plateau(tmp_path: Path) -> None:
     config.out_dir = tmp_path
     config.run_name = "learn"
 
-    result = run(config, "nth-farthest")
+    threads = torch.get_num_threads()
+    try:
+        result = run(config, "nth-farthest")
+    finally:
+        torch.set_num_threads(threads)
 
     assert result.status == "completed"
     accuracy = result.summary["held_out_accuracy"]
