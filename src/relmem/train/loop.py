@@ -307,7 +307,12 @@ def run(config: TrainConfig, task_name: str, *, argv: list[str] | None = None) -
     """
     info, device = init_distributed(config.device)
     try:
-        return _run(config, task_name, info, device, argv)
+        result = _run(config, task_name, info, device, argv)
+        # Every rank finishes before any tears down its connections. Once, under a loaded CI
+        # run, rank 1 aborted ("terminate called without an active exception") destroying its
+        # gloo group while rank 0 was still writing the summary.
+        barrier(info)
+        return result
     finally:
         shutdown_distributed()
 
