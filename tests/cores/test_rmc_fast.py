@@ -16,7 +16,7 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from relmem.cores.rmc import RelationalMemory, RelationalMemoryCell, RMCState
-from relmem.cores.rmc_fast import FastRelationalMemory, fast_path_plan
+from relmem.cores.rmc_fast import FastRelationalMemory, deferral_pays, fast_path_plan
 
 # Relative-error bounds per dtype; see _assert_close.
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 6e-2}
@@ -151,6 +151,38 @@ def test_sequence_matches_reference(case: str, dtype: torch.dtype) -> None:
     inputs = _input(core, steps=6, batch=4, dtype=dtype)
     state = _states(core, 4, dtype)
     _compare(core, _fast_copy(core), inputs, state, TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("defer", [True, False], ids=["defer-all", "defer-none"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_sequence_matches_reference_with_and_without_e10(case: str, defer: bool) -> None:
+    """E10 forced on for every in-loop weight, and off, whatever the CPU cost model picks."""
+    core = _build(torch.float64, **CASES[case])
+    fast = FastRelationalMemory(copy.deepcopy(core), defer_weight_grads=defer)
+    inputs = _input(core, steps=5, batch=3, dtype=torch.float64)
+    _compare(core, fast, inputs, _states(core, 3, torch.float64), TOLERANCE[torch.float64])
+
+
+def test_sequence_with_some_weights_deferred_matches_reference() -> None:
+    """The CPU cost model banks qkv and gate weights but not the MLP's at 6 rows per step."""
+    core = _build(torch.float64, **CASES["one-slot-e7"])  # M = 12, Q = 24, W = 24
+    cpu = torch.device("cpu")
+    assert deferral_pays((24, 12), 6, cpu) and not deferral_pays((12, 12), 6, cpu)
+    inputs = _input(core, steps=5, batch=6, dtype=torch.float64)
+    state = _states(core, 6, torch.float64)
+    _compare(core, _fast_copy(core), inputs, state, TOLERANCE[torch.float64])
+
+
+def test_deferral_cost_model() -> None:
+    """E10 where the bank moves fewer bytes than per-step accumulation; always off the CPU."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not deferral_pays((384, 128), 128, cpu)  # small core's qkv at batch 32 x 4 slots
+    assert deferral_pays((1280, 768), 64, cpu)  # WikiText-2 core's qkv at batch 64 x 1 slot
+    assert deferral_pays((384, 128), 128, cuda)
+    with pytest.raises(ValueError, match="defer_weight_grads"):
+        FastRelationalMemory(_build(torch.float32), compile=True, defer_weight_grads=True)
+    with pytest.raises(ValueError, match="defer_weight_grads"):
+        FastRelationalMemory(_build(torch.float32), defer_weight_grads="yes")
 
 
 @pytest.mark.parametrize("case", ["default", "output-gate", "one-slot-e7", "query-memory-b2"])

@@ -17,9 +17,10 @@ Three entry points:
   (block 1's input-row qkv + LayerNorm, and every block's with ``query_rows='memory'``). Lengths
   are applied once after the loop: outputs masked by one ``where``, the final state gathered
   from the stacked states at ``lengths - 1`` (E11/E12: the state of a finished example is never
-  read again, so running it on is harmless). With grad mode on, every in-loop weight's gradient
-  is computed once per sequence as one GEMM over all T·B rows (E10: ``_SequenceWeight`` and
-  ``_LinearDeferred``), instead of one small GEMM per step.
+  read again, so running it on is harmless). With grad mode on, an in-loop weight's gradient is
+  computed once per sequence as one GEMM over all T·B rows (E10: ``_SequenceWeight`` and
+  ``_LinearDeferred``) instead of one small GEMM per step, for every weight where
+  :func:`deferral_pays` (always on a GPU; on a CPU when few rows meet a large weight).
 - :class:`FastRelationalMemory`, a wrapper adding the options that are not on by default:
   ``compile=True`` (``torch.compile`` of the recurrent step), ``cuda_graph=True`` (on CUDA, the
   whole fixed-shape sequence, forward and backward, captured with
@@ -348,16 +349,49 @@ def _hoist(cell: RelationalMemoryCell, weights: _Weights, rows: Tensor) -> _Hois
     return _Hoisted(x, z_inputs, gate_x)
 
 
-def _defer_weight_grads(weights: _Weights) -> _Weights:
-    """Route every in-loop weight through one :class:`_SequenceWeight` per tensor (E10).
+def deferral_pays(weight_shape: tuple[int, int], rows_per_step: int, device: torch.device) -> bool:
+    """Whether E10 is expected to be faster for one in-loop weight (the ``'auto'`` rule).
+
+    On a GPU the eager step is launch-bound, and E10 removes two kernels per weight per step
+    (the small dW GEMM and its accumulation): it always pays. On a CPU it trades memory traffic:
+    the bank concatenates ``rows · (in + out)`` floats per step, while per-step gradients
+    accumulate an ``in · out`` product per step. Deferral pays when the bank is the smaller,
+    ``rows · (in + out) < in · out``, i.e. when few rows (small batch, one slot) meet a large
+    weight. Measured with one thread on the 2-core CPU VM (fwd+bwd ms, deferred / per step):
+    small core 244 / 220 (128 rows, 384 × 128 qkv: no deferral), nth_farthest 334 / 281 (512
+    rows: no deferral), LTE at batch 8 628 / 669 (32 rows: deferral) and the WikiText-2 core
+    4031 / 4484 (64 rows, 1280 × 768 qkv: deferral).
+
+    Args:
+        weight_shape: ``(out, in)``.
+        rows_per_step: rows the weight multiplies in one step (B·N, or B·(N+n) in blocks that
+            update the input rows).
+        device: where the step runs.
+    """
+    if device.type != "cpu":
+        return True
+    out_features, in_features = weight_shape
+    return rows_per_step * (in_features + out_features) < in_features * out_features
+
+
+def _defer_weight_grads(weights: _Weights, rows_per_step: int | None = None) -> _Weights:
+    """Route in-loop weights through one :class:`_SequenceWeight` per tensor (E10).
 
     A weight shared by several blocks (the shared MLP) gets one bank, so its gradient is still
     one GEMM. Weights that need no gradient are left as they are.
+
+    Args:
+        weights: from :func:`_gather_weights`.
+        rows_per_step: when given, only the weights for which :func:`deferral_pays` at this
+            many rows per step are banked; when None, every weight is.
     """
     banked: dict[int, Weight] = {}
 
     def bank(weight: Weight) -> Weight:
         if not isinstance(weight, Tensor) or not weight.requires_grad:
+            return weight
+        shape = (weight.shape[0], weight.shape[1])
+        if rows_per_step is not None and not deferral_pays(shape, rows_per_step, weight.device):
             return weight
         if id(weight) not in banked:
             grads = _GradBank()
@@ -413,7 +447,7 @@ def fast_sequence(
     state: RMCState,
     lengths: Tensor | None,
     step_fn: StepFn = _step,
-    defer_weight_grads: bool = True,
+    defer_weight_grads: bool | None = None,
 ) -> tuple[Tensor, RMCState]:
     """The whole sequence, equal to ``run_cell_loop`` over :meth:`RelationalMemoryCell.step`.
 
@@ -423,10 +457,11 @@ def fast_sequence(
         state: validated initial :class:`RMCState` (``memory [B, N, M]``).
         lengths: optional ``[B]`` int64 valid lengths in ``0..T``.
         step_fn: the recurrent step (:func:`_step`, or a compiled version of it).
-        defer_weight_grads: E10: compute each in-loop weight's gradient once per sequence, as
-            one GEMM over all T·B rows, instead of one small GEMM per step (only with grad mode
-            on and autocast off; :class:`FastRelationalMemory` turns it off for its compiled and
-            graphed runs).
+        defer_weight_grads: E10: compute an in-loop weight's gradient once per sequence, as
+            one GEMM over all T·B rows, instead of one small GEMM per step. None (default):
+            for the weights where :func:`deferral_pays`; True: for every weight; False: never.
+            Only with grad mode on and autocast off; :class:`FastRelationalMemory` turns it off
+            for its compiled and graphed runs.
 
     Returns:
         ``(outputs [T, B, N·M], final state)``; outputs past an example's length are zero and
@@ -439,8 +474,14 @@ def fast_sequence(
     hoisted = _hoist(cell, weights, rows)
     # Autocast would hand the deferred linears mixed dtypes; E10 is for full-precision runs.
     autocast = torch.is_autocast_enabled(rows.device.type)
-    if defer_weight_grads and torch.is_grad_enabled() and not autocast:
-        weights = _defer_weight_grads(weights)
+    if defer_weight_grads is not False and torch.is_grad_enabled() and not autocast:
+        if defer_weight_grads is None:  # only the weights for which deferral pays
+            batch, rows_in = rows.shape[1], rows.shape[2]
+            updates_input_rows = spec.query_all and len(weights.blocks) > 1
+            rows_per_step = batch * (spec.slots + (rows_in if updates_input_rows else 0))
+            weights = _defer_weight_grads(weights, rows_per_step)
+        else:
+            weights = _defer_weight_grads(weights)
     memory, hidden = state.memory, state.hidden
     memories, hiddens = [], []
     # unbind, not indexing: the backward of x[t] would zero-fill a [T, ...] buffer per step
@@ -514,6 +555,9 @@ class FastRelationalMemory(nn.Module):
         matmul_dtype: None (the parameters' dtype) or ``torch.bfloat16``/``torch.float16``:
             autocast the matmuls; LayerNorm statistics, softmax and the recurrent state stay
             fp32. Not exact (spec section 10): tests use bf16 tolerances.
+        defer_weight_grads: E10 for the eager path (see :func:`fast_sequence`): None (where
+            :func:`deferral_pays`), True (every in-loop weight) or False (none). Compiled and
+            graph-captured runs never defer, so True is refused with them.
 
     Shapes: as :class:`RelationalMemory`.
     """
@@ -525,6 +569,7 @@ class FastRelationalMemory(nn.Module):
         compile: bool = False,
         cuda_graph: bool = False,
         matmul_dtype: torch.dtype | None = None,
+        defer_weight_grads: bool | None = None,
     ) -> None:
         super().__init__()
         if matmul_dtype not in (None, torch.bfloat16, torch.float16):
@@ -532,10 +577,22 @@ class FastRelationalMemory(nn.Module):
                 f"FastRelationalMemory: matmul_dtype must be None, torch.bfloat16 or "
                 f"torch.float16, got {matmul_dtype!r}"
             )
+        if defer_weight_grads not in (None, True, False):
+            raise ValueError(
+                f"FastRelationalMemory: defer_weight_grads must be None, True or False, got "
+                f"{defer_weight_grads!r}"
+            )
+        if defer_weight_grads and (compile or cuda_graph):
+            raise ValueError(
+                "FastRelationalMemory: defer_weight_grads=True cannot be combined with "
+                "compile=True or cuda_graph=True (its gradient bank lives in Python, outside "
+                "a compiled or captured step); leave it None"
+            )
         self.core = core
         self.compile = compile
         self.cuda_graph = cuda_graph
         self.matmul_dtype = matmul_dtype
+        self.defer_weight_grads = False if (compile or cuda_graph) else defer_weight_grads
         self._step_fn: StepFn = torch.compile(_step, dynamic=False) if compile else _step
         self._graphs: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
@@ -571,7 +628,7 @@ class FastRelationalMemory(nn.Module):
         with self._autocast(rows.device):
             outputs, final = fast_sequence(
                 self.core.cell, rows, state, lengths, self._step_fn,
-                defer_weight_grads=not (self.compile or self.cuda_graph),
+                defer_weight_grads=self.defer_weight_grads,
             )
         outputs = outputs.to(dtype)
         final = RMCState(*(None if s is None else s.to(dtype) for s in final))
