@@ -9,7 +9,10 @@ For each configuration it times, on one device and in one process:
   ``fast+graph+bf16`` (bf16 matmuls; LN, softmax and state in fp32) and with ``--compile``
   ``fast+compile`` (``torch.compile`` of the step; CPU too);
 - ``lstm-params``: ``nn.LSTM`` whose hidden size gives about the RMC's parameter count;
-- ``lstm-width``: ``nn.LSTM`` with hidden size N·M, the RMC's output width.
+- ``lstm-width``: ``nn.LSTM`` with hidden size N·M, the RMC's output width;
+- ``matmul-floor``: the fast path's weight matmuls alone, forward and backward, with nothing
+  else (:func:`matmul_floor_passes`): the time no exact implementation built on the same GEMM
+  can beat, so ``reference ÷ matmul-floor`` bounds the speed-up any such fast path can show.
 
 Each implementation is timed for the forward pass (under ``torch.no_grad``) and for forward +
 backward of ``output.sum() + final_state.sum()``: ``--warmup`` untimed runs, then ``--repeat``
@@ -41,13 +44,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from relmem.cores.rmc import RelationalMemory, RMCConfig
 from relmem.cores.rmc_fast import FastRelationalMemory, fast_path_plan
+
+FLOOR = "matmul-floor"
+IMPLEMENTATIONS = ["reference", "fast", "fast+compile", "fast+graph", "fast+graph+bf16",
+                   "lstm-params", "lstm-width", FLOOR]
 
 
 @dataclass(frozen=True)
@@ -144,6 +151,88 @@ def step_flops(config: RMCConfig) -> dict[str, int]:
     return {"reference": reference, "fast_loop": loop + gate_mem, "fast_hoisted": hoisted}
 
 
+class Product(NamedTuple):
+    """One weight matmul of a step: ``[rows·B, inputs] @ [inputs, outputs]``."""
+
+    rows: int  # rows per example
+    inputs: int
+    outputs: int
+
+
+def fast_path_products(config: RMCConfig) -> dict[str, list[Product]]:
+    """The weight matmuls of the fast path (attention's small products left out).
+
+    Returns:
+        ``loop``: those inside the time loop, run once per step; ``hoisted``: those E1–E3 move
+        out of the loop, run once per sequence over T·B examples.
+    """
+    n_slots, n_in, blocks = config.mem_slots, config.num_input_rows, config.num_blocks
+    m, q, layers = config.mem_size, config.qkv_size, config.attention_mlp_layers
+    gates = config.num_gates * config.gate_size
+    loop: list[Product] = []
+    for index in range(blocks):
+        if config.query_rows == "memory" or blocks == 1:
+            qkv_rows, query_rows = n_slots, n_slots
+        else:  # query_rows='all': earlier blocks also update the input rows (E4 on the last)
+            qkv_rows = n_slots if index == 0 else n_slots + n_in
+            query_rows = n_slots if index == blocks - 1 else n_slots + n_in
+        loop.append(Product(qkv_rows, m, q))
+        loop += [Product(query_rows, m, m)] * layers
+    hoisted = [Product(n_in, config.input_size, m)]
+    hoisted += [Product(n_in, m, q)] * (blocks if config.query_rows == "memory" else 1)
+    if config.gate_style is not None:
+        loop.append(Product(n_slots, m, gates))
+        hoisted.append(Product(1, n_in * m, gates))
+    return {"loop": loop, "hoisted": hoisted}
+
+
+def matmul_floor_passes(
+    config: RMCConfig, steps: int, batch: int, device: torch.device
+) -> dict[str, Callable[[], None]]:
+    """The fast path's weight matmuls alone, as timed passes: what no exact implementation
+    built on this library's GEMM can beat.
+
+    ``forward`` runs every loop product once per step and every hoisted product once over
+    T·B·rows; ``train`` adds the backward products: per step the input gradient ``dY·W``, and
+    per weight one ``dYᵀ·X`` over all T·B rows (E10's arrangement, the fewest GEMM calls).
+    No autograd, no LayerNorm, softmax, gates or copies.
+    """
+    products = fast_path_products(config)
+    generator = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=generator).to(device)
+
+    def tensors(product: Product, rows: int) -> tuple[Tensor, Tensor, Tensor]:
+        x = rand(rows * product.rows, product.inputs)
+        return x, rand(product.outputs, product.inputs), rand(rows * product.rows, product.outputs)
+
+    loop = [tensors(p, batch) for p in products["loop"]]
+    loop_all = [(rand(steps * batch * p.rows, p.inputs), rand(steps * batch * p.rows, p.outputs))
+                for p in products["loop"]]
+    hoisted = [tensors(p, steps * batch) for p in products["hoisted"]]
+
+    def forward() -> None:
+        for x, w, _ in hoisted:
+            torch.mm(x, w.t())
+        for _ in range(steps):
+            for x, w, _ in loop:
+                torch.mm(x, w.t())
+
+    def train() -> None:
+        forward()
+        for _ in range(steps):
+            for _, w, g in loop:
+                torch.mm(g, w)  # dX
+        for x_all, g_all in loop_all:
+            torch.mm(g_all.t(), x_all)  # dW over all T·B rows
+        for x, w, g in hoisted:
+            torch.mm(g, w)
+            torch.mm(g.t(), x)
+
+    return {"forward": forward, "train": train}
+
+
 def lstm_step_flops(input_size: int, hidden: int) -> dict[str, int]:
     """``nn.LSTM`` matmul FLOPs per example per step: recurrent (in the loop) and input."""
     return {"loop": 2 * hidden * 4 * hidden, "hoisted": 2 * input_size * 4 * hidden}
@@ -227,6 +316,11 @@ def _passes(module: nn.Module, inputs: Tensor) -> dict[str, Callable[[], None]]:
     return {"forward": forward, "train": train}
 
 
+def _drop_grads(module: nn.Module | None) -> None:
+    if module is not None:
+        module.zero_grad(set_to_none=True)
+
+
 def _saved_bytes(run: Callable[[], Any]) -> int:
     """Bytes autograd saves for backward during ``run()`` (each storage counted once)."""
     seen: dict[int, int] = {}
@@ -242,33 +336,34 @@ def _saved_bytes(run: Callable[[], Any]) -> int:
 
 
 def bench_interleaved(
-    modules: dict[str, nn.Module],
-    inputs: Tensor,
+    passes: dict[str, dict[str, Callable[[], None]]],
+    steps: int,
+    batch: int,
     device: torch.device,
     warmup: int,
     repeat: int,
+    reset: Callable[[str], None] = lambda name: None,
 ) -> dict[str, dict[str, Any]]:
-    """Forward (no grad) and forward+backward timings of several modules on one input.
+    """Forward (no grad) and forward+backward timings of several implementations.
 
-    The modules are timed round-robin (repeat r runs every module once before repeat r + 1),
-    so a slow spell of a shared machine hits every implementation alike.
+    The implementations are timed round-robin (repeat r runs every one once before repeat
+    r + 1), so a slow spell of a shared machine hits every implementation alike.
 
     Args:
-        modules: each maps ``inputs`` to ``(output, final_state)``.
-        inputs: ``[T, B, F]``.
+        passes: per implementation, its ``forward`` and ``train`` callables.
+        steps, batch: T and B, for the throughput.
+        reset: called with an implementation's name before its warm-up (drops gradients).
 
     Returns:
-        Per module and pass: median/min/max ms, every time, throughput (steps × batch / s) and
-        peak memory.
+        Per implementation and pass: median/min/max ms, every time, throughput
+        (steps × batch / s) and, on CUDA, peak memory.
     """
-    steps, batch = inputs.shape[:2]
-    passes = {name: _passes(module, inputs) for name, module in modules.items()}
-    results: dict[str, dict[str, Any]] = {name: {} for name in modules}
+    results: dict[str, dict[str, Any]] = {name: {} for name in passes}
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
     for kind in ("forward", "train"):
         peaks: dict[str, int] = {}
         for name, fns in passes.items():
-            modules[name].zero_grad(set_to_none=True)
+            reset(name)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             for _ in range(warmup):
@@ -276,7 +371,7 @@ def bench_interleaved(
             sync(device)
             if device.type == "cuda":
                 peaks[name] = torch.cuda.max_memory_allocated(device)
-        times: dict[str, list[float]] = {name: [] for name in modules}
+        times: dict[str, list[float]] = {name: [] for name in passes}
         for _ in range(repeat):
             for name, fns in passes.items():
                 start = time.perf_counter()
@@ -294,11 +389,6 @@ def bench_interleaved(
             }
             if name in peaks:
                 results[name][kind]["peak_memory_bytes"] = peaks[name]
-    if device.type == "cpu":
-        for name, module in modules.items():
-            results[name]["train"]["saved_activation_bytes"] = _saved_bytes(
-                lambda module=module: module(inputs)
-            )
     return results
 
 
@@ -337,11 +427,24 @@ def run_config(
     impls = _implementations(name, config, device, args.compile)
     torch.manual_seed(1)
     inputs = torch.randn(steps, batch, config.rmc["input_size"], device=device)
+    rmc_config = impls["reference"].config
     rmc_params = sum(p.numel() for p in impls["reference"].parameters())
     selected = {k: v for k, v in impls.items() if not args.only or k in args.only}
-    timings = bench_interleaved(selected, inputs, device, args.warmup, args.repeat)
+    passes = {impl: _passes(module, inputs) for impl, module in selected.items()}
+    if not args.only or FLOOR in args.only:
+        passes[FLOOR] = matmul_floor_passes(rmc_config, steps, batch, device)
+    timings = bench_interleaved(
+        passes, steps, batch, device, args.warmup, args.repeat,
+        reset=lambda name: _drop_grads(selected.get(name)),
+    )
+    if device.type == "cpu":
+        for impl, module in selected.items():
+            timings[impl]["train"]["saved_activation_bytes"] = _saved_bytes(
+                lambda module=module: module(inputs)
+            )
     records = []
-    for impl, module in selected.items():
+    for impl in passes:
+        module = selected.get(impl)
         record = {
             "config": name,
             "implementation": impl,
@@ -351,7 +454,9 @@ def run_config(
             "batch": batch,
             "rmc": config.rmc,
             "note": config.note,
-            "parameters": sum(p.numel() for p in module.parameters()),
+            "parameters": rmc_params if module is None else sum(
+                p.numel() for p in module.parameters()
+            ),
             "rmc_parameters": rmc_params,
             **timings[impl],
         }
@@ -360,9 +465,13 @@ def run_config(
             record["lstm_hidden"] = hidden
             record["step_flops"] = lstm_step_flops(config.rmc["input_size"], hidden)
         else:
-            record["step_flops"] = step_flops(impls["reference"].config)
+            record["step_flops"] = step_flops(rmc_config)
             if impl != "reference":
-                record["equivalences"] = fast_path_plan(impls["reference"].config)
+                record["equivalences"] = fast_path_plan(rmc_config)
+            if impl == FLOOR:
+                record["products"] = {
+                    k: [p._asdict() for p in v] for k, v in fast_path_products(rmc_config).items()
+                }
         records.append(record)
         print(_row(record), flush=True)
     return records
@@ -380,8 +489,8 @@ def summary(records: list[dict[str, Any]]) -> str:
     """A Markdown table: per configuration and implementation, ms and ratios."""
     lines = [
         "| config | T×B | implementation | fwd ms | fwd+bwd ms | fwd+bwd steps·batch/s "
-        "| ÷ lstm-params | ÷ lstm-width | reference ÷ this |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| ÷ lstm-params | ÷ lstm-width | ÷ matmul-floor | reference ÷ this |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     by_config: dict[str, dict[str, dict[str, Any]]] = {}
     for record in records:
@@ -391,7 +500,7 @@ def summary(records: list[dict[str, Any]]) -> str:
         for impl, record in impls.items():
             ms = train_ms[impl]
             cells = []
-            for other in ("lstm-params", "lstm-width"):
+            for other in ("lstm-params", "lstm-width", FLOOR):
                 cells.append(f"{ms / train_ms[other]:.2f}×" if other in train_ms else "–")
             ref = train_ms.get("reference")
             cells.append(f"{ref / ms:.2f}×" if ref else "–")
@@ -410,7 +519,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
-    parser.add_argument("--only", nargs="+", help="implementations to time (default: all)")
+    parser.add_argument("--only", nargs="+", choices=IMPLEMENTATIONS,
+                        help="implementations to time (default: all available)")
     parser.add_argument("--steps", type=int, help="override T for every configuration")
     parser.add_argument("--batch", type=int, help="override B for every configuration")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
