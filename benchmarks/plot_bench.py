@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 ORDER = ["reference", "fast", "fast+compile", "fast+graph", "fast+graph+bf16", "lstm-params",
-         "lstm-width"]
+         "lstm-width", "matmul-floor"]
 
 
 def plot(path: Path, out: Path) -> None:
