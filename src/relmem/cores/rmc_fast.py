@@ -77,7 +77,9 @@ def fast_path_plan(config: RMCConfig, sequence: bool = True) -> list[str]:
         sequence: True for :func:`fast_sequence`, False for one :func:`fast_cell_step`.
 
     Returns:
-        Equivalence ids such as ``['E1', 'E2', 'E3', 'E4', 'E5', 'E6']``.
+        Equivalence ids such as ``['E1', 'E2', 'E3', 'E4', 'E5', 'E6']``. E10 is listed for
+        every sequence; which weights it banks depends on the batch and the device
+        (:func:`deferral_pays`), so a CPU run may bank none of them.
     """
     plan = []
     if sequence:
