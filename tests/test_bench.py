@@ -10,40 +10,40 @@ import pytest
 from relmem.bench import CONFIGS, FLOOR, fast_path_products, main, step_flops
 from relmem.cores.rmc import RMCConfig
 
-VARIANTS = {
-    "three-blocks": {"num_blocks": 3},
-    "three-blocks-query-memory": {"num_blocks": 3, "query_rows": "memory"},
-    "no-gate": {"gate_style": None},
-    "memory-gate-matrix-input": {"gate_style": "memory", "input_rows": 3},
+# Counted by hand (2·rows·in·out per product, per example and step; see the comments).
+SMALL = CONFIGS["small"].rmc  # N=4, n=1, F=32, M=128, Q=384, H(K+D)=256, 2 MLP layers, W=256
+TINY = {"input_size": 5, "mem_slots": 2, "head_size": 4, "num_heads": 2, "num_blocks": 3}
+# TINY: M=8, Q=24, H(K+D)=16, 2 MLP layers, W=16, N+n=3 rows. Its reference: projection 80,
+# three blocks of (qkv 1,152 + attention 288 + MLP 768) on all 3 rows, gates 256 + 512.
+EXPECTED_FLOPS = {
+    # reference: projection 8,192 + block (qkv 491,520 + attention 12,800 + MLP 327,680) +
+    # gates 65,536 + 262,144; loop: qkv 393,216 + attention 10,240 + MLP 262,144 + gate 262,144;
+    # hoisted: projection 8,192 + input qkv 98,304 + input gate 65,536.
+    "small": (SMALL, 1_167_872, 927_744, 172_032),
+    # loop: block 1 (qkv on N rows, queries and MLP on all 3) 768 + 288 + 768, block 2
+    # 1,152 + 288 + 768, block 3 (queries and MLP on N rows) 1,152 + 192 + 512, gate 512.
+    # hoisted: projection 80 + block 1's input qkv 384 + input gate 256.
+    "three-blocks": (TINY, 80 + 3 * (1152 + 288 + 768) + 256 + 512, 6400, 720),
+    # loop: every block has qkv 768, attention 192 and MLP 512 on the N rows; gate 512.
+    # hoisted: projection 80 + every block's input qkv 3 x 384 + input gate 256.
+    "three-blocks-query-memory": ({**TINY, "query_rows": "memory"},
+                                  80 + 3 * (1152 + 288 + 768) + 256 + 512, 4928, 1488),
 }
 
 
-def _attention_flops(config: RMCConfig) -> int:
-    """Attention's two products in the fast loop, per block: 2·H·R_q·(N+n)·(K+D)."""
-    n_slots, n_in, blocks = config.mem_slots, config.num_input_rows, config.num_blocks
-    total = 0
-    for index in range(blocks):
-        updates_inputs = config.query_rows == "all" and index < blocks - 1
-        query_rows = n_slots + n_in if updates_inputs else n_slots
-        total += (2 * config.num_heads * query_rows * (n_slots + n_in)
-                  * (config.resolved_key_size + config.head_size))
-    return total
+@pytest.mark.parametrize("case", list(EXPECTED_FLOPS))
+def test_step_flops_match_a_hand_count(case: str) -> None:
+    overrides, reference, loop, hoisted = EXPECTED_FLOPS[case]
+    flops = step_flops(RMCConfig(**overrides))
+    assert flops == {"reference": reference, "fast_loop": loop, "fast_hoisted": hoisted}
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [CONFIGS[name].rmc for name in CONFIGS]
-    + [{**CONFIGS["small"].rmc, **extra} for extra in VARIANTS.values()],
-    ids=list(CONFIGS) + list(VARIANTS),
-)
-def test_matmul_floor_products_agree_with_the_flop_count(overrides: dict) -> None:
-    """The floor's products plus attention are exactly step_flops' fast-path count."""
-    config = RMCConfig(**overrides)
-    products = fast_path_products(config)
-    flops = {k: sum(2 * p.rows * p.inputs * p.outputs for p in v) for k, v in products.items()}
-    expected = step_flops(config)
-    assert flops["hoisted"] == expected["fast_hoisted"]
-    assert flops["loop"] + _attention_flops(config) == expected["fast_loop"]
+def test_matmul_floor_times_the_loop_and_hoisted_weight_products() -> None:
+    products = fast_path_products(RMCConfig(**SMALL))
+    assert [tuple(p) for p in products["loop"]] == [(4, 128, 384), (4, 128, 128),
+                                                     (4, 128, 128), (4, 128, 256)]
+    assert [tuple(p) for p in products["hoisted"]] == [(1, 32, 128), (1, 128, 384),
+                                                        (1, 128, 256)]
 
 
 def test_bench_writes_json_with_every_implementation(tmp_path: Path) -> None:

@@ -11,8 +11,9 @@ For each configuration it times, on one device and in one process:
 - ``lstm-params``: ``nn.LSTM`` whose hidden size gives about the RMC's parameter count;
 - ``lstm-width``: ``nn.LSTM`` with hidden size N·M, the RMC's output width;
 - ``matmul-floor``: the fast path's weight matmuls alone, forward and backward, with nothing
-  else (:func:`matmul_floor_passes`): the time no exact implementation built on the same GEMM
-  can beat, so ``reference ÷ matmul-floor`` bounds the speed-up any such fast path can show.
+  else (:func:`matmul_floor_passes`): an estimate of the least time an exact implementation
+  built on the same GEMM can take, so ``reference ÷ matmul-floor`` estimates the most a fast
+  path can gain on the device.
 
 Each implementation is timed for the forward pass (under ``torch.no_grad``) and for forward +
 backward of ``output.sum() + final_state.sum()``: ``--warmup`` untimed runs, then ``--repeat``
@@ -111,6 +112,51 @@ CONFIGS: dict[str, BenchConfig] = {
 }
 
 
+class Product(NamedTuple):
+    """One matmul of a step, ``[rows·B, inputs] @ [inputs, outputs]``: 2·rows·inputs·outputs
+    FLOPs per example."""
+
+    rows: int  # rows per example
+    inputs: int
+    outputs: int
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.rows * self.inputs * self.outputs
+
+
+def fast_path_products(config: RMCConfig) -> dict[str, list[Product]]:
+    """The matmuls of the fast path, per example and step.
+
+    Returns:
+        ``loop``: the weight matmuls inside the time loop, run once per step; ``attention``:
+        per block, its two attention products as one entry (R_q query rows against N+n keys,
+        H·(K+D) columns: ``q·kᵀ`` and ``w·v`` together); ``hoisted``: the weight matmuls E1–E3
+        move out of the loop, run once per sequence over T·B examples.
+    """
+    n_slots, n_in, blocks = config.mem_slots, config.num_input_rows, config.num_blocks
+    m, q, layers = config.mem_size, config.qkv_size, config.attention_mlp_layers
+    heads = config.num_heads * (config.resolved_key_size + config.head_size)
+    gates = config.num_gates * config.gate_size
+    loop: list[Product] = []
+    attention: list[Product] = []
+    for index in range(blocks):
+        if config.query_rows == "memory" or blocks == 1:
+            qkv_rows, query_rows = n_slots, n_slots
+        else:  # query_rows='all': earlier blocks also update the input rows (E4 on the last)
+            qkv_rows = n_slots if index == 0 else n_slots + n_in
+            query_rows = n_slots if index == blocks - 1 else n_slots + n_in
+        loop.append(Product(qkv_rows, m, q))
+        attention.append(Product(query_rows, n_slots + n_in, heads))
+        loop += [Product(query_rows, m, m)] * layers
+    hoisted = [Product(n_in, config.input_size, m)]
+    hoisted += [Product(n_in, m, q)] * (blocks if config.query_rows == "memory" else 1)
+    if config.gate_style is not None:
+        loop.append(Product(n_slots, m, gates))
+        hoisted.append(Product(1, n_in * m, gates))
+    return {"loop": loop, "attention": attention, "hoisted": hoisted}
+
+
 def step_flops(config: RMCConfig) -> dict[str, int]:
     """Matmul FLOPs per example per time step, forward only (backward is about twice this).
 
@@ -122,75 +168,32 @@ def step_flops(config: RMCConfig) -> dict[str, int]:
     Returns:
         ``reference``: what the plain loop computes per step (all N+n rows in every block);
         ``fast_loop``: what stays inside the fast path's time loop; ``fast_hoisted``: what the
-        fast path moves into batched GEMMs over T·B rows (E1–E3).
+        fast path moves into batched GEMMs over T·B rows (E1–E3); see
+        :func:`fast_path_products`.
     """
     n_slots, n_in = config.mem_slots, config.num_input_rows
     rows = n_slots + n_in
     m, q, f = config.mem_size, config.qkv_size, config.input_size
-    h, k, d = config.num_heads, config.resolved_key_size, config.head_size
-    layers, blocks = config.attention_mlp_layers, config.num_blocks
-    gates = config.num_gates * config.gate_size
-
-    def block(qkv_rows: int, query_rows: int) -> int:
-        attention = 2 * h * query_rows * rows * (k + d)
-        return 2 * qkv_rows * m * q + attention + 2 * layers * query_rows * m * m
-
-    projection = 2 * n_in * f * m
-    gate_in, gate_mem = 2 * n_in * m * gates, 2 * n_slots * m * gates
-    reference = projection + blocks * block(rows, rows) + gate_in + gate_mem
-    if config.query_rows == "all" and config.num_blocks == 1:
-        loop = block(n_slots, n_slots)
-        hoisted_blocks = 1
-    elif config.query_rows == "all":
-        loop = block(n_slots, rows) + (blocks - 2) * block(rows, rows) + block(rows, n_slots)
-        hoisted_blocks = 1
-    else:
-        loop = blocks * block(n_slots, n_slots)
-        hoisted_blocks = blocks
-    hoisted = projection + hoisted_blocks * 2 * n_in * m * q + gate_in
-    return {"reference": reference, "fast_loop": loop + gate_mem, "fast_hoisted": hoisted}
-
-
-class Product(NamedTuple):
-    """One weight matmul of a step: ``[rows·B, inputs] @ [inputs, outputs]``."""
-
-    rows: int  # rows per example
-    inputs: int
-    outputs: int
-
-
-def fast_path_products(config: RMCConfig) -> dict[str, list[Product]]:
-    """The weight matmuls of the fast path (attention's small products left out).
-
-    Returns:
-        ``loop``: those inside the time loop, run once per step; ``hoisted``: those E1–E3 move
-        out of the loop, run once per sequence over T·B examples.
-    """
-    n_slots, n_in, blocks = config.mem_slots, config.num_input_rows, config.num_blocks
-    m, q, layers = config.mem_size, config.qkv_size, config.attention_mlp_layers
-    gates = config.num_gates * config.gate_size
-    loop: list[Product] = []
-    for index in range(blocks):
-        if config.query_rows == "memory" or blocks == 1:
-            qkv_rows, query_rows = n_slots, n_slots
-        else:  # query_rows='all': earlier blocks also update the input rows (E4 on the last)
-            qkv_rows = n_slots if index == 0 else n_slots + n_in
-            query_rows = n_slots if index == blocks - 1 else n_slots + n_in
-        loop.append(Product(qkv_rows, m, q))
-        loop += [Product(query_rows, m, m)] * layers
-    hoisted = [Product(n_in, config.input_size, m)]
-    hoisted += [Product(n_in, m, q)] * (blocks if config.query_rows == "memory" else 1)
+    heads = config.num_heads * (config.resolved_key_size + config.head_size)
+    block = [Product(rows, m, q), Product(rows, rows, heads)]
+    block += [Product(rows, m, m)] * config.attention_mlp_layers
+    reference = [Product(n_in, f, m)] + block * config.num_blocks
     if config.gate_style is not None:
-        loop.append(Product(n_slots, m, gates))
-        hoisted.append(Product(1, n_in * m, gates))
-    return {"loop": loop, "hoisted": hoisted}
+        gates = config.num_gates * config.gate_size
+        reference += [Product(1, n_in * m, gates), Product(n_slots, m, gates)]
+    fast = fast_path_products(config)
+    return {
+        "reference": sum(p.flops for p in reference),
+        "fast_loop": sum(p.flops for p in fast["loop"] + fast["attention"]),
+        "fast_hoisted": sum(p.flops for p in fast["hoisted"]),
+    }
 
 
 def matmul_floor_passes(
     config: RMCConfig, steps: int, batch: int, device: torch.device
 ) -> dict[str, Callable[[], None]]:
-    """The fast path's weight matmuls alone, as timed passes: what no exact implementation
-    built on this library's GEMM can beat.
+    """The fast path's weight matmuls alone, as timed passes: an estimate of the least time an
+    exact implementation built on the same GEMM can take.
 
     ``forward`` runs every loop product once per step and every hoisted product once over
     T·B·rows; ``train`` adds the backward products: per step the input gradient ``dY·W``, and
