@@ -20,7 +20,7 @@ from relmem.models.classifier import (
 from relmem.models.dnc import DNCClassifier, DNCModelConfig, DNCPerStep
 from relmem.models.per_step import LSTMPerStep, RMCPerStep
 from relmem.models.registry import register_model
-from relmem.tasks.base import TaskSpec
+from relmem.models.spec import TaskSpec
 
 
 @register_model("rmc", RMCModelConfig)

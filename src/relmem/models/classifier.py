@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from relmem.cores.rmc import RelationalMemory
-from relmem.tasks.base import TaskSpec
+from relmem.models.spec import TaskSpec
 
 
 @dataclass

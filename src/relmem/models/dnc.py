@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from relmem.cores.dnc import DNC
 from relmem.models.classifier import HeadConfig, mlp_head
-from relmem.tasks.base import TaskSpec
+from relmem.models.spec import TaskSpec
 
 
 @dataclass

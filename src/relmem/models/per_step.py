@@ -12,7 +12,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from relmem.models.classifier import LSTMModelConfig, RMCModelConfig, rmc_core
-from relmem.tasks.base import TaskSpec
+from relmem.models.spec import TaskSpec
 
 
 class RMCPerStep(nn.Module):

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from relmem.tasks.base import TaskSpec
+from relmem.models.spec import TaskSpec
 
 Builder = Callable[[Any, Any, TaskSpec], nn.Module]
 

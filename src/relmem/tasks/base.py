@@ -16,10 +16,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
+
+from relmem.models.spec import TaskSpec
 
 _MASK64 = (1 << 64) - 1
 
@@ -86,34 +88,6 @@ class Batch(NamedTuple):
     def to(self, device: torch.device) -> Batch:
         """Every field moved to ``device``."""
         return Batch(*(None if t is None else t.to(device) for t in self))
-
-
-OutputKind = Literal["last", "per_step"]
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """What a model builder needs to know about a task.
-
-    Attributes:
-        input_size: F, features per time step.
-        seq_len: T, time steps per sequence (the longest one for padded, variable-length tasks).
-        output_size: the model's output width: C class logits for a last-step task, O logits
-            per step for a per-step task.
-        output: 'last': the model reads the whole sequence and returns ``logits [B, C]``
-            (sequence classification); 'per_step': it returns ``logits [B, T, O]``, one output
-            per input step.
-    """
-
-    input_size: int
-    seq_len: int
-    output_size: int
-    output: OutputKind = "last"
-
-    @property
-    def per_step(self) -> bool:
-        """True for per-step tasks (``logits [B, T, O]``)."""
-        return self.output == "per_step"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,46 @@
+"""What a model builder needs to know about a task: :class:`TaskSpec`.
+
+It lives with the models (tasks import it from here, models never import tasks), so the
+dependency runs one way: ``cores <- models <- tasks <- train``.
+
+A model is ``encoder -> core -> head``; the task picks the encoder by ``encoding`` and the head
+by ``output``, both names registered in :mod:`relmem.models.encoders` and
+:mod:`relmem.models.heads`, and the run's config picks the core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """The shapes and kinds a task asks of its models.
+
+    Attributes:
+        input_size: F, features per step for the 'features' encoding; the vocabulary size for
+            'one_hot' and 'embedding' (inputs are then ``[B, T]`` int64 token ids).
+        seq_len: T, time steps per sequence (the longest one for padded, variable-length tasks;
+            one window for stateful streams).
+        output_size: the head's width: C class logits for 'last', O logits per step for
+            'per_step'.
+        output: the head, a name registered in :mod:`relmem.models.heads`: 'last' (the core's
+            output at each sequence's last valid step through an MLP, ``logits [B, C]``) or
+            'per_step' (a linear readout at every step, ``logits [B, T, O]``).
+        encoding: the input encoding, a name registered in :mod:`relmem.models.encoders`:
+            'features' (float ``[B, T, F]`` used as they are), 'one_hot' or 'embedding'
+            (int64 ids ``[B, T]``).
+        embedding_size: the width of the 'embedding' encoding (None for the others).
+    """
+
+    input_size: int
+    seq_len: int
+    output_size: int
+    output: str = "last"
+    encoding: str = "features"
+    embedding_size: int | None = None
+
+    @property
+    def per_step(self) -> bool:
+        """True when the model emits one output per step (``logits [B, T, O]``)."""
+        return self.output != "last"

@@ -1,0 +1,92 @@
+"""Argument checks shared by every constructor and config in relmem.
+
+Two message styles, one per kind of caller, so that an error always names what was wrong:
+
+- library constructors check Python values strictly (``bool`` is not an integer) and name the
+  class: ``"DNCCell: memory_size must be an integer >= 1, got 0"`` (:func:`check_int`);
+- config dataclasses, whose values come from the CLI or a ``config.json``, name the dotted
+  option: ``"task.num_bits must be >= 1, got 0"`` (:func:`check_at_least`, :func:`check_order`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def _prefix(owner: str | None) -> str:
+    return f"{owner}: " if owner else ""
+
+
+def check_int(name: str, value: Any, minimum: int = 1, *, owner: str | None = None) -> int:
+    """``value`` if it is an ``int`` (not a ``bool``) ``>= minimum``.
+
+    Raises:
+        ValueError: ``"{owner}: {name} must be an integer >= {minimum}, got {value!r}"``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{_prefix(owner)}{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def check_float(
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    positive: bool = False,
+    owner: str | None = None,
+) -> float:
+    """``float(value)`` for a finite real number ``> 0`` (``positive``) or ``>= minimum``.
+
+    Raises:
+        ValueError: naming ``name``, the bound and the value.
+    """
+    bound = "> 0" if positive else (f">= {minimum}" if minimum is not None else "finite")
+    message = f"{_prefix(owner)}{name} must be a finite number {bound}, got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(message)
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(message)
+    if (positive and not value > 0) or (minimum is not None and value < minimum):
+        raise ValueError(message)
+    return value
+
+
+def check_at_least(prefix: str, config: object, **minimums: int) -> None:
+    """Each named field of ``config`` is ``>= `` its minimum.
+
+    Raises:
+        ValueError: ``"{prefix}{field} must be >= {minimum}, got {value}"`` for the first one
+        that is not (``prefix`` is the option's path, such as ``'task.'``).
+    """
+    for name, minimum in minimums.items():
+        value = getattr(config, name)
+        if value < minimum:
+            raise ValueError(f"{prefix}{name} must be >= {minimum}, got {value}")
+
+
+def check_order(prefix: str, config: object, low: str, high: str) -> None:
+    """Field ``low`` of ``config`` is ``<=`` field ``high``.
+
+    Raises:
+        ValueError: ``"{prefix}{low} ({v}) must be <= {prefix}{high} ({w})"``.
+    """
+    lo, hi = getattr(config, low), getattr(config, high)
+    if lo > hi:
+        raise ValueError(f"{prefix}{low} ({lo}) must be <= {prefix}{high} ({hi})")
+
+
+def check_choice(
+    name: str, value: Any, choices: tuple[Any, ...], *, owner: str | None = None
+) -> Any:
+    """``value`` if it is one of ``choices``.
+
+    Raises:
+        ValueError: ``"{owner}: {name} must be one of {choices}, got {value!r}"``.
+    """
+    if value not in choices:
+        shown = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{_prefix(owner)}{name} must be one of {shown}, got {value!r}")
+    return value
