@@ -24,8 +24,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from relmem.models.classifier import HeadConfig, LSTMModelConfig, RMCModelConfig
-from relmem.models.dnc import DNCModelConfig
+from relmem.models import DNCModelConfig, HeadConfig, LSTMModelConfig, RMCModelConfig
 from relmem.tasks.memory_tasks import AssociativeRecallConfig, CopyConfig, RepeatCopyConfig
 from relmem.tasks.nth_farthest import NthFarthestConfig
 from relmem.train.config import OptimConfig, TrainConfig

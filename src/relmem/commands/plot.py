@@ -21,7 +21,8 @@ import tyro
 
 import relmem.models  # noqa: F401 - registers the models
 import relmem.tasks  # noqa: F401 - registers the tasks
-from relmem.models.classifier import RMCClassifier
+from relmem.cores.rmc import RelationalMemory
+from relmem.models import SequenceModel
 from relmem.tasks.base import ACCURACY, MetricSpec
 from relmem.train.checkpoint import CheckpointError
 from relmem.train.metrics import read_metrics
@@ -97,7 +98,7 @@ def plot_curves(
 
 
 @torch.no_grad()
-def attention_maps(model: RMCClassifier, inputs: torch.Tensor, block: int) -> torch.Tensor:
+def attention_maps(model: SequenceModel, inputs: torch.Tensor, block: int) -> torch.Tensor:
     """Attention weights of one sequence at every step.
 
     Args:
@@ -183,7 +184,7 @@ def main(argv: list[str]) -> int:
     if task.spec.per_step:
         print(f"no attention maps: they are drawn for last-step tasks, not {task_name!r}")
         return 0
-    if not isinstance(model, RMCClassifier):
+    if not isinstance(model.core, RelationalMemory):
         print(f"no attention maps: model {config.model!r} has no attention")
         return 0
     if not 0 <= args.block < model.core.config.num_blocks:
@@ -193,7 +194,7 @@ def main(argv: list[str]) -> int:
         )
         return 2
     held_out = task.held_out(torch.device("cpu"))
-    logits = model(held_out.inputs[: args.examples])
+    logits, _ = model(held_out.inputs[: args.examples])
     k = task.spec.output_size
     for i in range(min(args.examples, held_out.targets.shape[0])):
         maps = attention_maps(model, held_out.inputs[i], args.block)

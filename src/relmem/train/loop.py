@@ -39,8 +39,8 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-from relmem.models.classifier import count_parameters
-from relmem.models.registry import get_model
+from relmem.models import build_model as build_sequence_model
+from relmem.models import count_parameters
 from relmem.tasks.base import Batch, MetricSpec, Task, get_task, step_generator
 from relmem.train import checkpoint as ckpt_io
 from relmem.train.config import TrainConfig, config_to_dict
@@ -203,7 +203,7 @@ def evaluate(
     for part in indices.split(chunk):
         sub = batch.select(part)
         with _autocast(device, bf16):
-            logits = model(sub.inputs, lengths=sub.lengths)
+            logits, _ = model(sub.inputs, lengths=sub.lengths)
         values = task.metrics(logits, sub)[name].to(acc)  # [b]
         sums[0] += task.loss(logits, sub).to(acc) * part.numel()
         sums[1] += values.sum()
@@ -231,7 +231,7 @@ def evaluate(
 def build_model(config: TrainConfig, task: Task) -> nn.Module:
     """The registered model ``config.model`` for ``task``, on the CPU, seeded by ``seed``."""
     torch.manual_seed(config.seed)
-    return get_model(config.model).build(config.model_config(), config.head, task.spec)
+    return build_sequence_model(config.model, config.model_config(), config.head, task.spec)
 
 
 def _all_finite(model: nn.Module) -> bool:
@@ -465,7 +465,7 @@ def _run(
                 generator = step_generator(device, config.seed, STREAM_TRAIN, state.step)
                 batch = _shard(task.sample(config.batch_size, generator), info)
                 with _autocast(device, config.bf16):
-                    logits = wrapped(batch.inputs, lengths=batch.lengths)
+                    logits, _ = wrapped(batch.inputs, lengths=batch.lengths)
                 loss = task.loss(logits, batch)
                 time_up = (
                     config.time_limit_min is not None
