@@ -18,14 +18,20 @@ def _prefix(owner: str | None) -> str:
     return f"{owner}: " if owner else ""
 
 
-def check_int(name: str, value: Any, minimum: int = 1, *, owner: str | None = None) -> int:
-    """``value`` if it is an ``int`` (not a ``bool``) ``>= minimum``.
+def check_int(
+    name: str, value: Any, minimum: int = 1, *, owner: str | None = None, optional: bool = False
+) -> int | None:
+    """``value`` if it is an ``int`` (not a ``bool``) ``>= minimum`` (or None, if ``optional``).
 
     Raises:
-        ValueError: ``"{owner}: {name} must be an integer >= {minimum}, got {value!r}"``.
+        ValueError: ``"{owner}: {name} must be an integer >= {minimum}, got {value!r}"``
+        (``"must be None or an integer"`` when ``optional``).
     """
+    if optional and value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{_prefix(owner)}{name} must be an integer >= {minimum}, got {value!r}")
+        kind = "None or an integer" if optional else "an integer"
+        raise ValueError(f"{_prefix(owner)}{name} must be {kind} >= {minimum}, got {value!r}")
     return value
 
 
@@ -36,22 +42,21 @@ def check_float(
     minimum: float | None = None,
     positive: bool = False,
     owner: str | None = None,
+    note: str = "",
 ) -> float:
-    """``float(value)`` for a finite real number ``> 0`` (``positive``) or ``>= minimum``.
+    """``float(value)`` for a real number that is not NaN, ``> 0`` (``positive``) or
+    ``>= minimum`` when asked.
 
     Raises:
-        ValueError: naming ``name``, the bound and the value.
+        ValueError: ``"{owner}: {name} must be a float >= {minimum}{note}, got {value!r}"``.
     """
-    bound = "> 0" if positive else (f">= {minimum}" if minimum is not None else "finite")
-    message = f"{_prefix(owner)}{name} must be a finite number {bound}, got {value!r}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(message)
-    value = float(value)
-    if not math.isfinite(value):
+    bound = " > 0" if positive else (f" >= {minimum:g}" if minimum is not None else "")
+    message = f"{_prefix(owner)}{name} must be a float{bound}{note}, got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         raise ValueError(message)
     if (positive and not value > 0) or (minimum is not None and value < minimum):
         raise ValueError(message)
-    return value
+    return float(value)
 
 
 def check_at_least(prefix: str, config: object, **minimums: int) -> None:

@@ -24,6 +24,7 @@ from relmem.cores.base import finish_sequence, prepare_sequence, run_cell_loop
 from relmem.cores.dnc.addressing import EPSILON
 from relmem.cores.dnc.controller import Controller, ControllerState
 from relmem.cores.dnc.memory import Compat, DNCMemory, DNCMemoryState, LinkKind
+from relmem.validation import check_float, check_int
 
 
 class DNCState(NamedTuple):
@@ -162,25 +163,11 @@ class DNCCell(nn.Module):
             ("hidden_size", hidden_size),
             ("num_layers", num_layers),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: {arg} must be an integer >= 1, got {value!r}")
-        if output_size is not None and (
-            isinstance(output_size, bool) or not isinstance(output_size, int) or output_size < 1
-        ):
-            raise ValueError(
-                f"{name}: output_size must be None or an integer >= 1, got {output_size!r}"
-            )
+            check_int(arg, value, owner=name)
+        check_int("output_size", output_size, owner=name, optional=True)
         if clip_value is None:
             clip_value = 20.0 if compat == "deepmind" else 0.0
-        if (
-            isinstance(clip_value, bool)
-            or not isinstance(clip_value, (int, float))
-            or math.isnan(clip_value)
-            or clip_value < 0
-        ):
-            raise ValueError(
-                f"{name}: clip_value must be a float >= 0 (0 disables it), got {clip_value!r}"
-            )
+        check_float("clip_value", clip_value, minimum=0, owner=name, note=" (0 disables it)")
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.input_size = input_size
         self.hidden_size = hidden_size

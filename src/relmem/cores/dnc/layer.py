@@ -33,6 +33,7 @@ from relmem.cores.dnc.addressing import EPSILON
 from relmem.cores.dnc.controller import Controller, ControllerKind
 from relmem.cores.dnc.dnc import DNCState, check_step_input
 from relmem.cores.dnc.memory import DNCMemory, LinkKind
+from relmem.validation import check_int
 
 
 def reverse_within_lengths(x: Tensor, lengths: Tensor | None) -> Tensor:
@@ -94,8 +95,7 @@ class MemoryControllerLayer(nn.Module):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
-            raise ValueError(f"{name}: d_model must be an integer >= 1, got {d_model!r}")
+        check_int("d_model", d_model, owner=name)
         if controller not in ("gru", "lstm"):
             raise ValueError(f"{name}: controller must be 'gru' or 'lstm', got {controller!r}")
         factory: dict[str, Any] = {"device": device, "dtype": dtype}

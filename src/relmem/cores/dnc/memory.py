@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from relmem.cores.base import check_state_tensor
 from relmem.cores.dnc import addressing as A
+from relmem.validation import check_float, check_int
 
 Compat = Literal["paper", "deepmind"]
 LinkKind = Literal["dense", "sparse", "none"]
@@ -166,21 +167,6 @@ def interface_layout(
     return InterfaceLayout(tuple(fields))
 
 
-def _check_positive_int(owner: str, name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{owner}: {name} must be an integer >= 1, got {value!r}")
-
-
-def _check_nonnegative_float(owner: str, name: str, value: Any) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or math.isnan(value)
-        or value < 0
-    ):
-        raise ValueError(f"{owner}: {name} must be a float >= 0 (0 disables it), got {value!r}")
-
-
 class DNCMemory(nn.Module):
     """DNC memory access (spec sections 3–9): one interface vector in, reads and state out.
 
@@ -239,26 +225,28 @@ class DNCMemory(nn.Module):
         super().__init__()
         name = type(self).__name__
         if input_size is not None:
-            _check_positive_int(name, "input_size", input_size)
+            check_int("input_size", input_size, owner=name)
         for arg, value in (
             ("memory_size", memory_size),
             ("word_size", word_size),
             ("num_read_heads", num_read_heads),
             ("num_write_heads", num_write_heads),
         ):
-            _check_positive_int(name, arg, value)
+            check_int(arg, value, owner=name)
         if compat not in ("paper", "deepmind"):
             raise ValueError(f"{name}: compat must be 'paper' or 'deepmind', got {compat!r}")
         if link not in ("dense", "sparse", "none"):
             raise ValueError(f"{name}: link must be 'dense', 'sparse' or 'none', got {link!r}")
         if link == "sparse":
-            _check_positive_int(name, "link_topk", link_topk)
+            check_int("link_topk", link_topk, owner=name)
             if link_topk > memory_size:
                 raise ValueError(
                     f"{name}: link_topk must be at most memory_size = {memory_size}, "
                     f"got {link_topk}"
                 )
-        _check_nonnegative_float(name, "interface_clip", interface_clip)
+        check_float(
+            "interface_clip", interface_clip, minimum=0, owner=name, note=" (0 disables it)"
+        )
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 0.1:
             raise ValueError(f"{name}: eps must be a float in (0, 0.1), got {eps!r}")
         self.input_size = input_size
