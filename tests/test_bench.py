@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from relmem.bench import CONFIGS, FLOOR, fast_path_products, main, step_flops
-from relmem.cores.rmc import RMCConfig
+from relmem.bench import CONFIGS, FLOOR, main
+from relmem.cores.rmc import RMCConfig, fast_path_products, step_flops
 
 # Counted by hand (2·rows·in·out per product, per example and step; see the comments).
 SMALL = CONFIGS["small"].rmc  # N=4, n=1, F=32, M=128, Q=384, H(K+D)=256, 2 MLP layers, W=256

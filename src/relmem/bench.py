@@ -45,13 +45,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from relmem.cores.rmc import RelationalMemory, RMCConfig
-from relmem.cores.rmc_fast import FastRelationalMemory, fast_path_plan
+from relmem.cores.rmc import (
+    FastRelationalMemory,
+    RelationalMemory,
+    RMCConfig,
+    fast_path_plan,
+    fast_path_products,
+    step_flops,
+)
+from relmem.cores.rmc.fast import Product
 
 FLOOR = "matmul-floor"
 IMPLEMENTATIONS = ["reference", "fast", "fast+compile", "fast+graph", "fast+graph+bf16",
@@ -110,83 +117,6 @@ CONFIGS: dict[str, BenchConfig] = {
         "paper language-model core (tasks.md 3.4): M=2500, 76 M parameters, BPTT 100",
     ),
 }
-
-
-class Product(NamedTuple):
-    """One matmul of a step, ``[rows·B, inputs] @ [inputs, outputs]``: 2·rows·inputs·outputs
-    FLOPs per example."""
-
-    rows: int  # rows per example
-    inputs: int
-    outputs: int
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.rows * self.inputs * self.outputs
-
-
-def fast_path_products(config: RMCConfig) -> dict[str, list[Product]]:
-    """The matmuls of the fast path, per example and step.
-
-    Returns:
-        ``loop``: the weight matmuls inside the time loop, run once per step; ``attention``:
-        per block, its two attention products as one entry (R_q query rows against N+n keys,
-        H·(K+D) columns: ``q·kᵀ`` and ``w·v`` together); ``hoisted``: the weight matmuls E1–E3
-        move out of the loop, run once per sequence over T·B examples.
-    """
-    n_slots, n_in, blocks = config.mem_slots, config.num_input_rows, config.num_blocks
-    m, q, layers = config.mem_size, config.qkv_size, config.attention_mlp_layers
-    heads = config.num_heads * (config.resolved_key_size + config.head_size)
-    gates = config.num_gates * config.gate_size
-    loop: list[Product] = []
-    attention: list[Product] = []
-    for index in range(blocks):
-        if config.query_rows == "memory" or blocks == 1:
-            qkv_rows, query_rows = n_slots, n_slots
-        else:  # query_rows='all': earlier blocks also update the input rows (E4 on the last)
-            qkv_rows = n_slots if index == 0 else n_slots + n_in
-            query_rows = n_slots if index == blocks - 1 else n_slots + n_in
-        loop.append(Product(qkv_rows, m, q))
-        attention.append(Product(query_rows, n_slots + n_in, heads))
-        loop += [Product(query_rows, m, m)] * layers
-    hoisted = [Product(n_in, config.input_size, m)]
-    hoisted += [Product(n_in, m, q)] * (blocks if config.query_rows == "memory" else 1)
-    if config.gate_style is not None:
-        loop.append(Product(n_slots, m, gates))
-        hoisted.append(Product(1, n_in * m, gates))
-    return {"loop": loop, "attention": attention, "hoisted": hoisted}
-
-
-def step_flops(config: RMCConfig) -> dict[str, int]:
-    """Matmul FLOPs per example per time step, forward only (backward is about twice this).
-
-    Counts 2·m·k·n per product; LayerNorm, softmax and gates are O(rows·width) and left out.
-
-    Args:
-        config: the core.
-
-    Returns:
-        ``reference``: what the plain loop computes per step (all N+n rows in every block);
-        ``fast_loop``: what stays inside the fast path's time loop; ``fast_hoisted``: what the
-        fast path moves into batched GEMMs over T·B rows (E1–E3); see
-        :func:`fast_path_products`.
-    """
-    n_slots, n_in = config.mem_slots, config.num_input_rows
-    rows = n_slots + n_in
-    m, q, f = config.mem_size, config.qkv_size, config.input_size
-    heads = config.num_heads * (config.resolved_key_size + config.head_size)
-    block = [Product(rows, m, q), Product(rows, rows, heads)]
-    block += [Product(rows, m, m)] * config.attention_mlp_layers
-    reference = [Product(n_in, f, m)] + block * config.num_blocks
-    if config.gate_style is not None:
-        gates = config.num_gates * config.gate_size
-        reference += [Product(1, n_in * m, gates), Product(n_slots, m, gates)]
-    fast = fast_path_products(config)
-    return {
-        "reference": sum(p.flops for p in reference),
-        "fast_loop": sum(p.flops for p in fast["loop"] + fast["attention"]),
-        "fast_hoisted": sum(p.flops for p in fast["hoisted"]),
-    }
 
 
 def matmul_floor_passes(
