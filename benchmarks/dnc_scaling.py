@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -36,6 +34,7 @@ from pathlib import Path
 import torch
 
 from relmem import DNC
+from relmem.env_info import machine_info
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -107,24 +106,6 @@ def _leaves(state: object) -> list[torch.Tensor]:
     return []
 
 
-def machine_info() -> dict:
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        sha = "unknown"
-    return {
-        "device": "cpu",
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "load_average_1min": os.getloadavg()[0],
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "git_sha": sha,
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slots", type=int, nargs="+", default=[64, 256, 1024, 4096])
@@ -150,7 +131,7 @@ def main() -> None:
         print(json.dumps(measure(args)))
         return
 
-    info = machine_info()
+    info = {"device": "cpu", **machine_info(torch.device("cpu"))}
     keys = ("batch", "word", "reads", "hidden", "seq_len", "threads")
     shape = {key: getattr(args, key) for key in keys}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,33 +6,29 @@ equal-parameter ``nn.LSTM`` written above it.
 
 Usage::
 
-    python benchmarks/plot_bench.py benchmarks/results/bench-cpu-*.json [--out plot.png]
+    PYTHONPATH=src python benchmarks/plot_bench.py benchmarks/results/bench-cpu-*.json \
+        [--out plot.png]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import matplotlib
 
+from relmem.benchmarking.configs import IMPLEMENTATIONS
+from relmem.benchmarking.report import first_records, load_results, machine_label, train_medians
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
-ORDER = ["reference", "fast", "fast+compile", "fast+graph", "fast+graph+bf16", "lstm-params",
-         "lstm-width", "matmul-floor"]
 
 
 def plot(path: Path, out: Path) -> None:
     """Draw the grouped bar chart of one result file to ``out``."""
-    payload = json.loads(path.read_text())
-    by_config: dict[str, dict[str, float]] = {}
-    for record in payload["results"]:
-        by_config.setdefault(record["config"], {})[record["implementation"]] = (
-            record["train"]["median_ms"]
-        )
-    impls = [i for i in ORDER if any(i in row for row in by_config.values())]
+    payload = load_results(path)
+    by_config = train_medians(payload["results"])
+    impls = [i for i in IMPLEMENTATIONS if any(i in row for row in by_config.values())]
     width = 0.8 / len(impls)
     fig, ax = plt.subplots(figsize=(2.2 * len(by_config) + 2, 4.5))
     for j, impl in enumerate(impls):
@@ -42,30 +38,32 @@ def plot(path: Path, out: Path) -> None:
         for i, row in rows:
             lstm = row.get("lstm-params")
             if lstm and not impl.startswith("lstm"):
-                ax.text(i + offset, row[impl], f"{row[impl] / lstm:.1f}×", ha="center",
-                        va="bottom", fontsize=7, rotation=90)
+                ax.text(
+                    i + offset,
+                    row[impl],
+                    f"{row[impl] / lstm:.1f}×",
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    rotation=90,
+                )
     machine = payload["machine"]
-    device = machine.get("gpu") or f"{machine['cpu']}, {machine['torch_threads']} thread(s)"
+    device = machine_label(machine)
     ax.set_xticks(range(len(by_config)))
     ax.set_xticklabels(
-        [f"{c}\n{r['steps']}×{r['batch']}" for c, r in _first_records(payload).items()]
+        [f"{c}\n{r['steps']}×{r['batch']}" for c, r in first_records(payload["results"]).items()]
     )
     ax.set_yscale("log")
     ax.set_ylim(top=ax.get_ylim()[1] * 3)  # room for the ratio labels
     ax.set_ylabel("forward + backward, median ms")
-    ax.set_title(f"RMC vs nn.LSTM ({device}, torch {machine['torch']}); "
-                 "labels: ÷ equal-parameter LSTM", fontsize=9)
+    ax.set_title(
+        f"RMC vs nn.LSTM ({device}, torch {machine['torch']}); labels: ÷ equal-parameter LSTM",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     print(f"wrote {out}")
-
-
-def _first_records(payload: dict) -> dict[str, dict]:
-    first: dict[str, dict] = {}
-    for record in payload["results"]:
-        first.setdefault(record["config"], record)
-    return first
 
 
 def main() -> None:

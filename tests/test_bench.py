@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from relmem.bench import CONFIGS, FLOOR, fast_path_products, main, step_flops
-from relmem.cores.rmc import RMCConfig
+from relmem.benchmarking.configs import CONFIGS, FLOOR
+from relmem.commands.bench import main, parse
+from relmem.cores.rmc import RMCConfig, fast_path_products, step_flops
 
 # Counted by hand (2·rows·in·out per product, per example and step; see the comments).
 SMALL = CONFIGS["small"].rmc  # N=4, n=1, F=32, M=128, Q=384, H(K+D)=256, 2 MLP layers, W=256
@@ -26,8 +27,12 @@ EXPECTED_FLOPS = {
     "three-blocks": (TINY, 80 + 3 * (1152 + 288 + 768) + 256 + 512, 6400, 720),
     # loop: every block has qkv 768, attention 192 and MLP 512 on the N rows; gate 512.
     # hoisted: projection 80 + every block's input qkv 3 x 384 + input gate 256.
-    "three-blocks-query-memory": ({**TINY, "query_rows": "memory"},
-                                  80 + 3 * (1152 + 288 + 768) + 256 + 512, 4928, 1488),
+    "three-blocks-query-memory": (
+        {**TINY, "query_rows": "memory"},
+        80 + 3 * (1152 + 288 + 768) + 256 + 512,
+        4928,
+        1488,
+    ),
 }
 
 
@@ -40,15 +45,32 @@ def test_step_flops_match_a_hand_count(case: str) -> None:
 
 def test_matmul_floor_times_the_loop_and_hoisted_weight_products() -> None:
     products = fast_path_products(RMCConfig(**SMALL))
-    assert [tuple(p) for p in products["loop"]] == [(4, 128, 384), (4, 128, 128),
-                                                     (4, 128, 128), (4, 128, 256)]
-    assert [tuple(p) for p in products["hoisted"]] == [(1, 32, 128), (1, 128, 384),
-                                                        (1, 128, 256)]
+    assert [tuple(p) for p in products["loop"]] == [
+        (4, 128, 384),
+        (4, 128, 128),
+        (4, 128, 128),
+        (4, 128, 256),
+    ]
+    assert [tuple(p) for p in products["hoisted"]] == [(1, 32, 128), (1, 128, 384), (1, 128, 256)]
 
 
 def test_bench_writes_json_with_every_implementation(tmp_path: Path) -> None:
-    argv = ["--device", "cpu", "--configs", "small", "--steps", "3", "--batch", "2",
-            "--warmup", "0", "--repeat", "1", "--out", str(tmp_path)]
+    argv = [
+        "--device",
+        "cpu",
+        "--configs",
+        "small",
+        "--steps",
+        "3",
+        "--batch",
+        "2",
+        "--warmup",
+        "0",
+        "--repeat",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     (path,) = tmp_path.glob("bench-cpu-*.json")
     payload = json.loads(path.read_text())
@@ -65,14 +87,90 @@ def test_bench_writes_json_with_every_implementation(tmp_path: Path) -> None:
 
 
 def test_bench_only_times_the_named_implementations(tmp_path: Path) -> None:
-    argv = ["--device", "cpu", "--configs", "small", "--steps", "2", "--batch", "2",
-            "--warmup", "0", "--repeat", "1", "--only", "fast", "--out", str(tmp_path)]
+    argv = [
+        "--device",
+        "cpu",
+        "--configs",
+        "small",
+        "--steps",
+        "2",
+        "--batch",
+        "2",
+        "--warmup",
+        "0",
+        "--repeat",
+        "1",
+        "--only",
+        "fast",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     (path,) = tmp_path.glob("bench-cpu-*.json")
     assert [r["implementation"] for r in json.loads(path.read_text())["results"]] == ["fast"]
 
 
 def test_bench_rejects_an_unknown_implementation(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         main(["--only", "fastest"])
-    assert "invalid choice: 'fastest'" in capsys.readouterr().err
+    assert exit_info.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())  # tyro draws its message in a box
+    assert "invalid choice 'fastest' for argument '--only'" in err
+
+
+def test_bench_parses_the_documented_commands(tmp_path: Path) -> None:
+    args = parse(["--device", "cpu", "--threads", "1", "--repeat", "7"])
+    assert (args.device, args.threads, args.repeat, args.warmup) == ("cpu", 1, 7, 1)
+    assert args.configs == tuple(CONFIGS) and args.only is None and not args.compile
+    argv = [
+        "--configs",
+        "small",
+        "--only",
+        "reference",
+        "fast",
+        "lstm-params",
+        "matmul-floor",
+        "--out",
+        str(tmp_path),
+        "--compile",
+        "--steps",
+        "3",
+        "--batch",
+        "2",
+        "--warmup",
+        "0",
+    ]
+    args = parse(argv)
+    assert args.configs == ("small",) and args.out == tmp_path and args.compile
+    assert args.only == ("reference", "fast", "lstm-params", FLOOR)
+    assert (args.steps, args.batch, args.warmup) == (3, 2, 0)
+    assert parse(["--list"]).list_configs
+
+
+def test_bench_lists_its_configurations(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--list"]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == list(CONFIGS)
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--repeat", "0"], "--repeat must be >= 1, got 0"),
+        (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
+        (["--batch", "0"], "--batch must be >= 1, got 0"),
+    ],
+)
+def test_bench_rejects_values_out_of_range(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize("argv", [["--repeat", "x"], ["--configs", "huge"], ["--bogus"]])
+def test_bench_rejects_malformed_options(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2

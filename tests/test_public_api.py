@@ -21,3 +21,14 @@ def test_help_documents_every_argument_with_shapes():
     for name in inspect.signature(relmem.RelationalMemory).parameters:
         assert name in doc, f"RelationalMemory's docstring does not mention {name!r}"
     assert "[T, B, F]" in doc and "[B, N, M]" in doc and "[T, B, N·M]" in doc
+
+
+def test_rmc_package_exports_resolve():
+    import relmem.cores.rmc as rmc
+
+    for name in rmc.__all__:
+        assert hasattr(rmc, name), name
+    assert rmc.RelationalMemory is relmem.RelationalMemory
+    assert {"FastRelationalMemory", "RMCWeights", "fast_path_plan", "step_flops"} <= set(
+        rmc.__all__
+    )

@@ -11,11 +11,11 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     # name: (module exposing main(argv) -> int, one-line help)
-    "demo": ("relmem.demo", "build an RMC and run a batch of random sequences through it"),
+    "demo": ("relmem.commands.demo", "build an RMC and run a batch of random sequences through it"),
     "train": ("relmem.commands.train", "train a model on a task (relmem train nth-farthest)"),
     "eval": ("relmem.commands.evaluate", "held-out metric of a run, broken down by group"),
     "plot": ("relmem.commands.plot", "learning curves and RMC attention maps of a run (PNG)"),
-    "bench": ("relmem.bench", "time the RMC (reference, fast) against nn.LSTM; write JSON"),
+    "bench": ("relmem.commands.bench", "time the RMC (reference, fast) against nn.LSTM; to JSON"),
 }
 
 

@@ -15,8 +15,14 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
-from relmem.cores.rmc import RelationalMemory, RelationalMemoryCell, RMCState
-from relmem.cores.rmc_fast import FastRelationalMemory, deferral_pays, fast_path_plan
+from relmem.cores.rmc import (
+    FastRelationalMemory,
+    RelationalMemory,
+    RelationalMemoryCell,
+    RMCState,
+    deferral_pays,
+    fast_path_plan,
+)
 
 # Relative-error bounds per dtype; see _assert_close.
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 6e-2}

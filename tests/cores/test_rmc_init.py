@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from relmem import RelationalMemory, RelationalMemoryCell
-from relmem.cores.rmc import layer_norm_fp32
+from relmem.cores.rmc.reference import layer_norm_fp32
 
 F_IN, N_ROWS, H, D = 40, 3, 4, 16
 M = H * D

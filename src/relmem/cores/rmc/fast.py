@@ -1,17 +1,19 @@
 """The fast Relational Memory Core path: the reference's function, computed with fewer ops.
 
 Every transformation here is one of the exact equivalences of ``specs/rmc.md`` section 10; the
-reference (:meth:`RelationalMemoryCell.step` inside :func:`relmem.cores.base.run_cell_loop`) is
-the test oracle (``tests/cores/test_rmc_fast.py``).
+reference (:func:`relmem.cores.rmc.reference.reference_step` inside
+:func:`relmem.cores.base.run_cell_loop`) is the test oracle (``tests/cores/test_rmc_fast.py``).
+The fast path takes the parameters as data, an :class:`RMCWeights` (from
+``RelationalMemoryCell.fast_weights()``), never the modules that own them.
 
-Three entry points:
+Two entry points:
 
-- :func:`fast_cell_step`, one step for :class:`RelationalMemoryCell` (``implementation='fast'``).
+- :func:`fast_cell_step`, one step for ``RelationalMemoryCell`` (``implementation='fast'``).
   The cell sees one step only, so nothing is hoisted over time; it uses E4 (the last block's
   queries, residuals and MLP for the N memory rows only), E5 (b = 1: that is the whole step),
   E6 (``scaled_dot_product_attention``), E7 (N = n = 1: a two-key softmax is a sigmoid) and a
   single sigmoid over all gate columns with the four gate biases folded into one vector.
-- :func:`fast_sequence`, a whole sequence for :class:`RelationalMemory`. On top of the step's
+- :func:`fast_sequence`, a whole sequence for ``RelationalMemory``. On top of the step's
   equivalences it hoists all input-only work out of the time loop into one batched GEMM over
   T·B rows: E1 (input projection), E2 (the input-gate term, with every gate bias folded in), E3
   (block 1's input-row qkv + LayerNorm, and every block's with ``query_rows='memory'``). Lengths
@@ -21,37 +23,37 @@ Three entry points:
   computed once per sequence as one GEMM over all T·B rows (E10: ``_SequenceWeight`` and
   ``_LinearDeferred``) instead of one small GEMM per step, for every weight where
   :func:`deferral_pays` (always on a GPU; on a CPU when few rows meet a large weight).
-- :class:`FastRelationalMemory`, a wrapper adding the options that are not on by default:
-  ``compile=True`` (``torch.compile`` of the recurrent step), ``cuda_graph=True`` (on CUDA, the
-  whole fixed-shape sequence, forward and backward, captured with
-  ``torch.cuda.make_graphed_callables``) and ``matmul_dtype=torch.bfloat16`` (autocast: bf16
-  matmuls; LayerNorm, softmax and the recurrent state stay fp32; not exact, spec section 10).
 
-Every option of spec section 9 goes through the fast route; nothing falls back silently. The
-list of equivalences a configuration uses is :func:`fast_path_plan`.
+The module also holds what describes the fast path: :func:`fast_path_plan` (the equivalences a
+configuration uses) and its FLOP model, :func:`fast_path_products` and :func:`step_flops`.
+The opt-in accelerations (``torch.compile``, CUDA graphs, bf16 matmuls) are
+``FastRelationalMemory``'s, in :mod:`relmem.cores.rmc.module`.
 
-Shapes follow spec section 1: B batch, T time, N slots, n input rows, M = H·D, Q = H·(2K + D),
-W = (2 or 3)·g gate columns.
+Every option of spec section 9 goes through the fast route; nothing falls back silently.
+
+Shapes follow spec section 1: B batch, T time, N slots, n input rows, F input features,
+M = H·D, Q = H·(2K + D), W = (2 or 3)·g gate columns.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-if TYPE_CHECKING:
-    from relmem.cores.rmc import RelationalMemory, RelationalMemoryCell, RMCConfig, RMCState
+from relmem.cores.rmc.config import RMCConfig, RMCState
 
 _EPS = 1e-5
 
 
-class _Block(NamedTuple):
-    """One attention block's tensors (see ``AttentionBlock``)."""
+class BlockWeights(NamedTuple):
+    """One attention block's tensors (``AttentionBlock`` and the MLP it applies).
+
+    Inside the fast path a weight may be a ``_BankedWeight`` instead of a tensor (E10).
+    """
 
     qkv_w: Weight  # [Q, M]
     qkv_b: Tensor  # [Q]
@@ -61,10 +63,32 @@ class _Block(NamedTuple):
     mlp: tuple[tuple[Weight, Tensor], ...]  # L × (W [M, M], b [M])
 
 
-class _Weights(NamedTuple):
-    """The tensors one step needs, gathered once per forward."""
+class RMCWeights(NamedTuple):
+    """Every parameter of a cell, as the tensors the fast path reads.
 
-    blocks: tuple[_Block, ...]
+    Attributes:
+        input_w, input_b: ``[M, F]``, ``[M]`` the input projection.
+        blocks: one :class:`BlockWeights` per block (a shared MLP appears in each).
+        input_gate_w, input_gate_b: ``[W, n·M]``, ``[W]``; None without gating.
+        memory_gate_w, memory_gate_b: ``[W, M]``, ``[W]``; None without gating.
+        gate_biases: ``[num_gates]`` the trainable gate biases, or None when they are the
+            config's constants.
+    """
+
+    input_w: Tensor
+    input_b: Tensor
+    blocks: tuple[BlockWeights, ...]
+    input_gate_w: Tensor | None
+    input_gate_b: Tensor | None
+    memory_gate_w: Tensor | None
+    memory_gate_b: Tensor | None
+    gate_biases: Tensor | None
+
+
+class _StepWeights(NamedTuple):
+    """The tensors one recurrent step needs, gathered once per forward."""
+
+    blocks: tuple[BlockWeights, ...]
     gate_w: Weight | None  # [W, M] the memory-gate weight (its bias is folded into gate_bias)
     gate_bias: Tensor | None  # [W] b_gm + b_gx + the constant (or trainable) gate biases
 
@@ -98,35 +122,23 @@ def fast_path_plan(config: RMCConfig, sequence: bool = True) -> list[str]:
     return plan
 
 
-def _gather_weights(cell: RelationalMemoryCell) -> _Weights:
-    cfg = cell.config
-    blocks = []
-    for index, block in enumerate(cell.blocks):
-        mlp = cell.mlp_for_block(index)
-        blocks.append(
-            _Block(
-                block.qkv.weight,
-                block.qkv.bias,
-                (block.qkv_norm.weight, block.qkv_norm.bias),
-                (block.attention_norm.weight, block.attention_norm.bias),
-                (block.mlp_norm.weight, block.mlp_norm.bias),
-                tuple((layer.weight, layer.bias) for layer in mlp.layers),
-            )
-        )
-    if cfg.gate_style is None:
-        return _Weights(tuple(blocks), None, None)
-    assert cell.input_gate is not None and cell.memory_gate is not None
-    g = cfg.gate_size
-    if cell.gate_biases is not None:
-        constant = cell.gate_biases.unsqueeze(1).expand(-1, g).reshape(-1)  # [W]
+def _step_weights(config: RMCConfig, weights: RMCWeights) -> _StepWeights:
+    """The in-loop tensors, with every gate bias folded into one ``[W]`` vector."""
+    if config.gate_style is None:
+        return _StepWeights(weights.blocks, None, None)
+    assert weights.memory_gate_b is not None and weights.input_gate_b is not None
+    g = config.gate_size
+    if weights.gate_biases is not None:
+        constant = weights.gate_biases.unsqueeze(1).expand(-1, g).reshape(-1)  # [W]
     else:
-        values = [cfg.input_bias, cfg.forget_bias, cfg.output_bias][: cfg.num_gates]
         # new_full, not torch.tensor: no host-to-device copy, so CUDA graph capture works.
-        constant = torch.cat([cell.memory_gate.bias.new_full((g,), v) for v in values])
+        constant = torch.cat(
+            [weights.memory_gate_b.new_full((g,), v) for v in config.gate_bias_constants]
+        )
     # ±inf constants stay ±inf after the sum; the reference adds them last to finite values,
     # so σ sees the same ±inf and passes a zero gradient either way.
-    gate_bias = cell.memory_gate.bias + cell.input_gate.bias + constant
-    return _Weights(tuple(blocks), cell.memory_gate.weight, gate_bias)
+    gate_bias = weights.memory_gate_b + weights.input_gate_b + constant
+    return _StepWeights(weights.blocks, weights.memory_gate_w, gate_bias)
 
 
 def _layer_norm(x: Tensor, params: tuple[Tensor, Tensor]) -> Tensor:
@@ -214,7 +226,7 @@ def _mlp(x: Tensor, layers: tuple[tuple[Weight, Tensor], ...]) -> Tensor:
     return x
 
 
-def _qkv(rows: Tensor, block: _Block) -> Tensor:
+def _qkv(rows: Tensor, block: BlockWeights) -> Tensor:
     """``LN_qkv(rows·W_qkv + b)``: ``[..., M] -> [..., Q]`` (head-major columns)."""
     return _layer_norm(_linear(rows, block.qkv_w, block.qkv_b), block.qkv_ln)
 
@@ -257,9 +269,9 @@ class _StepSpec(NamedTuple):
     output_gate: bool
 
 
-def _step(
+def recurrent_step(
     spec: _StepSpec,
-    weights: _Weights,
+    weights: _StepWeights,
     memory: Tensor,
     hidden: Tensor | None,
     x: Tensor,
@@ -270,7 +282,7 @@ def _step(
 
     Args:
         spec: static sizes and options.
-        weights: from :func:`_gather_weights`.
+        weights: from :func:`_step_weights`.
         memory: ``[B, N, M]`` m_{t-1}.
         hidden: ``[B, N, M]`` h_{t-1} with ``output_gate``, else None.
         x: ``[B, n, M]`` the projected input rows.
@@ -332,22 +344,24 @@ class _Hoisted(NamedTuple):
     gate_x: Tensor | None  # [T, B, W]
 
 
-def _hoist(cell: RelationalMemoryCell, weights: _Weights, rows: Tensor) -> _Hoisted:
+def _hoist(
+    config: RMCConfig, weights: RMCWeights, step_weights: _StepWeights, rows: Tensor
+) -> _Hoisted:
     """E1 (projection), E2 (input-gate term), E3 (input-row qkv+LN where exact).
 
     Args:
         rows: ``[..., n, F]`` inputs of any leading shape (``[T, B]`` or ``[B]``).
     """
-    cfg = cell.config
-    x = cell.input_projection(rows)  # [..., n, M]
-    if cfg.query_rows == "memory":  # input rows never change: every block's qkv is hoistable
-        z_inputs = tuple(_qkv(x, block) for block in weights.blocks)
+    x = F.linear(rows, weights.input_w, weights.input_b)  # [..., n, M]
+    blocks = step_weights.blocks
+    if config.query_rows == "memory":  # input rows never change: every block's qkv is hoistable
+        z_inputs = tuple(_qkv(x, block) for block in blocks)
     else:  # only block 1 sees the raw x
-        z_inputs = (_qkv(x, weights.blocks[0]),) + (None,) * (len(weights.blocks) - 1)
+        z_inputs = (_qkv(x, blocks[0]),) + (None,) * (len(blocks) - 1)
     gate_x = None
-    if cfg.gate_style is not None:
-        assert cell.input_gate is not None and weights.gate_bias is not None
-        gate_x = F.linear(x.flatten(-2), cell.input_gate.weight, weights.gate_bias)  # [..., W]
+    if config.gate_style is not None:
+        assert weights.input_gate_w is not None and step_weights.gate_bias is not None
+        gate_x = F.linear(x.flatten(-2), weights.input_gate_w, step_weights.gate_bias)  # [..., W]
     return _Hoisted(x, z_inputs, gate_x)
 
 
@@ -359,10 +373,7 @@ def deferral_pays(weight_shape: tuple[int, int], rows_per_step: int, device: tor
     the bank concatenates ``rows · (in + out)`` floats per step, while per-step gradients
     accumulate an ``in · out`` product per step. Deferral pays when the bank is the smaller,
     ``rows · (in + out) < in · out``, i.e. when few rows (small batch, one slot) meet a large
-    weight. Measured with one thread on the 2-core CPU VM (fwd+bwd ms, deferred / per step):
-    small core 244 / 220 (128 rows, 384 × 128 qkv: no deferral), nth_farthest 334 / 281 (512
-    rows: no deferral), LTE at batch 8 628 / 669 (32 rows: deferral) and the WikiText-2 core
-    4031 / 4484 (64 rows, 1280 × 768 qkv: deferral).
+    weight (the measurements behind the rule are in ``docs/performance.md``).
 
     Args:
         weight_shape: ``(out, in)``.
@@ -376,14 +387,14 @@ def deferral_pays(weight_shape: tuple[int, int], rows_per_step: int, device: tor
     return rows_per_step * (in_features + out_features) < in_features * out_features
 
 
-def _defer_weight_grads(weights: _Weights, rows_per_step: int | None = None) -> _Weights:
+def _defer_weight_grads(weights: _StepWeights, rows_per_step: int | None = None) -> _StepWeights:
     """Route in-loop weights through one :class:`_SequenceWeight` per tensor (E10).
 
     A weight shared by several blocks (the shared MLP) gets one bank, so its gradient is still
     one GEMM. Weights that need no gradient are left as they are.
 
     Args:
-        weights: from :func:`_gather_weights`.
+        weights: from :func:`_step_weights`.
         rows_per_step: when given, only the weights for which :func:`deferral_pays` at this
             many rows per step are banked; when None, every weight is.
     """
@@ -401,9 +412,7 @@ def _defer_weight_grads(weights: _Weights, rows_per_step: int | None = None) -> 
         return banked[id(weight)]
 
     blocks = tuple(
-        block._replace(
-            qkv_w=bank(block.qkv_w), mlp=tuple((bank(w), b) for w, b in block.mlp)
-        )
+        block._replace(qkv_w=bank(block.qkv_w), mlp=tuple((bank(w), b) for w, b in block.mlp))
         for block in weights.blocks
     )
     gate_w = None if weights.gate_w is None else bank(weights.gate_w)
@@ -411,25 +420,24 @@ def _defer_weight_grads(weights: _Weights, rows_per_step: int | None = None) -> 
 
 
 def fast_cell_step(
-    cell: RelationalMemoryCell, rows: Tensor, state: RMCState
+    config: RMCConfig, weights: RMCWeights, rows: Tensor, state: RMCState
 ) -> tuple[Tensor, RMCState]:
-    """One step, equal to :meth:`RelationalMemoryCell.step` without its details.
+    """One step, equal to the reference step without its details.
 
     Args:
-        cell: the cell whose parameters to use.
+        config: the cell's configuration.
+        weights: the cell's parameters (``RelationalMemoryCell.fast_weights()``).
         rows: ``[B, n, F]`` the validated step input.
         state: validated :class:`RMCState`.
 
     Returns:
         ``(output [B, N·M], new state)``.
     """
-    from relmem.cores.rmc import RMCState
-
-    weights = _gather_weights(cell)
-    hoisted = _hoist(cell, weights, rows)
-    memory, hidden = _step(
-        _step_spec(cell.config),
-        weights,
+    step_weights = _step_weights(config, weights)
+    hoisted = _hoist(config, weights, step_weights, rows)
+    memory, hidden = recurrent_step(
+        _step_spec(config),
+        step_weights,
         state.memory,
         state.hidden,
         hoisted.x,
@@ -444,46 +452,46 @@ StepFn = Callable[..., tuple[Tensor, "Tensor | None"]]
 
 
 def fast_sequence(
-    cell: RelationalMemoryCell,
+    config: RMCConfig,
+    weights: RMCWeights,
     rows: Tensor,
     state: RMCState,
     lengths: Tensor | None,
-    step_fn: StepFn = _step,
+    step_fn: StepFn = recurrent_step,
     defer_weight_grads: bool | None = None,
 ) -> tuple[Tensor, RMCState]:
-    """The whole sequence, equal to ``run_cell_loop`` over :meth:`RelationalMemoryCell.step`.
+    """The whole sequence, equal to ``run_cell_loop`` over the reference step.
 
     Args:
-        cell: the cell whose parameters to use.
+        config: the core's configuration.
+        weights: the cell's parameters (``RelationalMemoryCell.fast_weights()``).
         rows: ``[T, B, n, F]`` the validated, time-major input.
         state: validated initial :class:`RMCState` (``memory [B, N, M]``).
         lengths: optional ``[B]`` int64 valid lengths in ``0..T``.
-        step_fn: the recurrent step (:func:`_step`, or a compiled version of it).
+        step_fn: the recurrent step (:func:`recurrent_step`, or a compiled version of it).
         defer_weight_grads: E10: compute an in-loop weight's gradient once per sequence, as
             one GEMM over all T·B rows, instead of one small GEMM per step. None (default):
             for the weights where :func:`deferral_pays`; True: for every weight; False: never.
-            Only with grad mode on and autocast off; :class:`FastRelationalMemory` turns it off
-            for its compiled and graphed runs.
+            Only with grad mode on and autocast off; ``FastRelationalMemory`` turns it off for
+            its compiled and graphed runs.
 
     Returns:
         ``(outputs [T, B, N·M], final state)``; outputs past an example's length are zero and
         its final state is the one after its last valid step.
     """
-    from relmem.cores.rmc import RMCState
-
-    spec = _step_spec(cell.config)
-    weights = _gather_weights(cell)
-    hoisted = _hoist(cell, weights, rows)
+    spec = _step_spec(config)
+    step_weights = _step_weights(config, weights)
+    hoisted = _hoist(config, weights, step_weights, rows)
     # Autocast would hand the deferred linears mixed dtypes; E10 is for full-precision runs.
     autocast = torch.is_autocast_enabled(rows.device.type)
     if defer_weight_grads is not False and torch.is_grad_enabled() and not autocast:
         if defer_weight_grads is None:  # only the weights for which deferral pays
             batch, rows_in = rows.shape[1], rows.shape[2]
-            updates_input_rows = spec.query_all and len(weights.blocks) > 1
+            updates_input_rows = spec.query_all and len(step_weights.blocks) > 1
             rows_per_step = batch * (spec.slots + (rows_in if updates_input_rows else 0))
-            weights = _defer_weight_grads(weights, rows_per_step)
+            step_weights = _defer_weight_grads(step_weights, rows_per_step)
         else:
-            weights = _defer_weight_grads(weights)
+            step_weights = _defer_weight_grads(step_weights)
     memory, hidden = state.memory, state.hidden
     memories, hiddens = [], []
     # unbind, not indexing: the backward of x[t] would zero-fill a [T, ...] buffer per step
@@ -494,7 +502,7 @@ def fast_sequence(
     gates = (None,) * steps if hoisted.gate_x is None else hoisted.gate_x.unbind(0)
     for t in range(steps):
         z_t = tuple(z[t] for z in zs)
-        memory, hidden = step_fn(spec, weights, memory, hidden, xs[t], z_t, gates[t])
+        memory, hidden = step_fn(spec, step_weights, memory, hidden, xs[t], z_t, gates[t])
         memories.append(memory)
         if hidden is not None:
             hiddens.append(hidden)
@@ -523,149 +531,81 @@ def fast_sequence(
     return outputs, RMCState(final_m, final_h)
 
 
-class _GraphedSequence(nn.Module):
-    """``(rows, memory[, hidden]) -> (outputs, memory[, hidden])`` for graph capture."""
-
-    def __init__(self, core: FastRelationalMemory) -> None:
-        super().__init__()
-        self.core = core
-
-    def forward(self, rows: Tensor, memory: Tensor, *hidden: Tensor) -> tuple[Tensor, ...]:
-        from relmem.cores.rmc import RMCState
-
-        state = RMCState(memory, hidden[0] if hidden else None)
-        outputs, final = self.core.run(rows, state, None)
-        return (outputs, final.memory) if final.hidden is None else (outputs, *final)
+# ---------------------------------------------------------------- the FLOP model
 
 
-class FastRelationalMemory(nn.Module):
-    """A :class:`RelationalMemory` run through the fast path with opt-in accelerations.
+class Product(NamedTuple):
+    """One matmul of a step, ``[rows·B, inputs] @ [inputs, outputs]``: 2·rows·inputs·outputs
+    FLOPs per example."""
 
-    It shares the wrapped core's parameters (``state_dict`` keys gain a ``core.`` prefix) and
-    accepts the same ``forward`` arguments.
-
-    Args:
-        core: the module whose parameters to use.
-        compile: ``torch.compile`` the recurrent step (the hoisted GEMMs stay eager). Exact up
-            to float rounding.
-        cuda_graph: on CUDA, capture the whole sequence, forward and backward, in CUDA graphs
-            per input shape (``torch.cuda.make_graphed_callables``). Used only for calls
-            with grad mode on and without ``lengths``; other calls run uncaptured. Parameters
-            must not be replaced (in-place optimizer updates are fine), and the returned
-            tensors live in the graph's static buffers: the next call of the same shape
-            overwrites them, so clone what must outlive it.
-        matmul_dtype: None (the parameters' dtype) or ``torch.bfloat16``/``torch.float16``:
-            autocast the matmuls; LayerNorm statistics, softmax and the recurrent state stay
-            fp32. Not exact (spec section 10): tests use bf16 tolerances.
-        defer_weight_grads: E10 for the eager path (see :func:`fast_sequence`): None (where
-            :func:`deferral_pays`), True (every in-loop weight) or False (none). Compiled and
-            graph-captured runs never defer, so True is refused with them.
-
-    Shapes: as :class:`RelationalMemory`.
-    """
-
-    def __init__(
-        self,
-        core: RelationalMemory,
-        *,
-        compile: bool = False,
-        cuda_graph: bool = False,
-        matmul_dtype: torch.dtype | None = None,
-        defer_weight_grads: bool | None = None,
-    ) -> None:
-        super().__init__()
-        if matmul_dtype not in (None, torch.bfloat16, torch.float16):
-            raise ValueError(
-                f"FastRelationalMemory: matmul_dtype must be None, torch.bfloat16 or "
-                f"torch.float16, got {matmul_dtype!r}"
-            )
-        if defer_weight_grads not in (None, True, False):
-            raise ValueError(
-                f"FastRelationalMemory: defer_weight_grads must be None, True or False, got "
-                f"{defer_weight_grads!r}"
-            )
-        if defer_weight_grads and (compile or cuda_graph):
-            raise ValueError(
-                "FastRelationalMemory: defer_weight_grads=True cannot be combined with "
-                "compile=True or cuda_graph=True (its gradient bank lives in Python, outside "
-                "a compiled or captured step); leave it None"
-            )
-        self.core = core
-        self.compile = compile
-        self.cuda_graph = cuda_graph
-        self.matmul_dtype = matmul_dtype
-        self.defer_weight_grads = False if (compile or cuda_graph) else defer_weight_grads
-        self._step_fn: StepFn = torch.compile(_step, dynamic=False) if compile else _step
-        self._graphs: dict[tuple[Any, ...], Callable[..., Any]] = {}
+    rows: int  # rows per example
+    inputs: int
+    outputs: int
 
     @property
-    def config(self) -> RMCConfig:
-        return self.core.config
+    def flops(self) -> int:
+        return 2 * self.rows * self.inputs * self.outputs
 
-    def initial_state(self, batch_size: int, **kwargs: Any) -> RMCState:
-        """See :meth:`RelationalMemoryCell.initial_state`."""
-        return self.core.initial_state(batch_size, **kwargs)
 
-    def _autocast(self, device: torch.device) -> Any:
-        if self.matmul_dtype is None:
-            return nullcontext()
-        # cache_enabled=False: cached casts would be baked into a captured graph.
-        return torch.autocast(device.type, dtype=self.matmul_dtype, cache_enabled=False)
+def fast_path_products(config: RMCConfig) -> dict[str, list[Product]]:
+    """The matmuls of the fast path, per example and step.
 
-    def run(
-        self, rows: Tensor, state: RMCState, lengths: Tensor | None
-    ) -> tuple[Tensor, RMCState]:
-        """:func:`fast_sequence` with this wrapper's step and precision.
+    Returns:
+        ``loop``: the weight matmuls inside the time loop, run once per step; ``attention``:
+        per block, its two attention products as one entry (R_q query rows against N+n keys,
+        H·(K+D) columns: ``q·kᵀ`` and ``w·v`` together); ``hoisted``: the weight matmuls E1–E3
+        move out of the loop, run once per sequence over T·B examples.
+    """
+    n_slots, n_in, blocks = config.mem_slots, config.num_input_rows, config.num_blocks
+    m, q, layers = config.mem_size, config.qkv_size, config.attention_mlp_layers
+    heads = config.num_heads * (config.resolved_key_size + config.head_size)
+    gates = config.num_gates * config.gate_size
+    loop: list[Product] = []
+    attention: list[Product] = []
+    for index in range(blocks):
+        if config.query_rows == "memory" or blocks == 1:
+            qkv_rows, query_rows = n_slots, n_slots
+        else:  # query_rows='all': earlier blocks also update the input rows (E4 on the last)
+            qkv_rows = n_slots if index == 0 else n_slots + n_in
+            query_rows = n_slots if index == blocks - 1 else n_slots + n_in
+        loop.append(Product(qkv_rows, m, q))
+        attention.append(Product(query_rows, n_slots + n_in, heads))
+        loop += [Product(query_rows, m, m)] * layers
+    hoisted = [Product(n_in, config.input_size, m)]
+    hoisted += [Product(n_in, m, q)] * (blocks if config.query_rows == "memory" else 1)
+    if config.gate_style is not None:
+        loop.append(Product(n_slots, m, gates))
+        hoisted.append(Product(1, n_in * m, gates))
+    return {"loop": loop, "attention": attention, "hoisted": hoisted}
 
-        Args:
-            rows: ``[T, B, n, F]`` validated time-major input.
-            state: validated initial state. lengths: optional ``[B]``.
 
-        Returns:
-            ``(outputs [T, B, N·M], final state)``, outputs and state in the parameters' dtype.
-        """
-        from relmem.cores.rmc import RMCState
+def step_flops(config: RMCConfig) -> dict[str, int]:
+    """Matmul FLOPs per example per time step, forward only (backward is about twice this).
 
-        dtype = self.core.cell.input_projection.weight.dtype
-        with self._autocast(rows.device):
-            outputs, final = fast_sequence(
-                self.core.cell, rows, state, lengths, self._step_fn,
-                defer_weight_grads=self.defer_weight_grads,
-            )
-        outputs = outputs.to(dtype)
-        final = RMCState(*(None if s is None else s.to(dtype) for s in final))
-        return outputs, final
+    Counts 2·m·k·n per product; LayerNorm, softmax and gates are O(rows·width) and left out.
 
-    def _graphed(self, rows: Tensor, state: RMCState) -> Callable[..., Any]:
-        args = (rows, *(s for s in state if s is not None))
-        key = (tuple(rows.shape), rows.dtype, rows.device, tuple(a.requires_grad for a in args))
-        if key not in self._graphs:
-            sample = tuple(a.detach().clone().requires_grad_(a.requires_grad) for a in args)
-            self._graphs[key] = torch.cuda.make_graphed_callables(
-                _GraphedSequence(self), sample, num_warmup_iters=3
-            )
-        return self._graphs[key]
+    Args:
+        config: the core.
 
-    def forward(
-        self,
-        input: Any,
-        state: RMCState | Tensor | None = None,
-        *,
-        lengths: Tensor | None = None,
-    ) -> tuple[Any, RMCState]:
-        """As :meth:`RelationalMemory.forward`."""
-        from relmem.cores.base import finish_sequence
-        from relmem.cores.rmc import RMCState
-
-        core = self.core
-        seq, rows, state = core.prepare(input, state, lengths)
-        use_graph = (
-            self.cuda_graph and rows.is_cuda and seq.lengths is None and torch.is_grad_enabled()
-        )
-        if use_graph:
-            graphed = self._graphed(rows, state)
-            result = graphed(rows, *(s for s in state if s is not None))
-            outputs, final = result[0], RMCState(*result[1:])
-        else:
-            outputs, final = self.run(rows, state, seq.lengths)
-        return finish_sequence(outputs, seq, core.batch_first), final
+    Returns:
+        ``reference``: what the plain loop computes per step (all N+n rows in every block);
+        ``fast_loop``: what stays inside the fast path's time loop; ``fast_hoisted``: what the
+        fast path moves into batched GEMMs over T·B rows (E1–E3); see
+        :func:`fast_path_products`.
+    """
+    n_slots, n_in = config.mem_slots, config.num_input_rows
+    rows = n_slots + n_in
+    m, q, f = config.mem_size, config.qkv_size, config.input_size
+    heads = config.num_heads * (config.resolved_key_size + config.head_size)
+    block = [Product(rows, m, q), Product(rows, rows, heads)]
+    block += [Product(rows, m, m)] * config.attention_mlp_layers
+    reference = [Product(n_in, f, m)] + block * config.num_blocks
+    if config.gate_style is not None:
+        gates = config.num_gates * config.gate_size
+        reference += [Product(1, n_in * m, gates), Product(n_slots, m, gates)]
+    fast = fast_path_products(config)
+    return {
+        "reference": sum(p.flops for p in reference),
+        "fast_loop": sum(p.flops for p in fast["loop"] + fast["attention"]),
+        "fast_hoisted": sum(p.flops for p in fast["hoisted"]),
+    }

@@ -1,0 +1,137 @@
+"""One benchmark configuration: build its implementations, time them, return one record each."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+import torch
+from torch import nn
+
+from relmem.benchmarking.baselines import (
+    LSTMCore,
+    lstm_hidden_for_params,
+    lstm_step_flops,
+    matmul_floor_passes,
+)
+from relmem.benchmarking.configs import CONFIGS, FLOOR, BenchConfig
+from relmem.benchmarking.report import progress_row
+from relmem.benchmarking.timing import bench_interleaved, drop_grads, saved_bytes, timed_passes
+from relmem.cores.rmc import (
+    FastRelationalMemory,
+    RelationalMemory,
+    fast_path_plan,
+    fast_path_products,
+    step_flops,
+)
+
+
+def implementations(
+    config: BenchConfig, device: torch.device, compile_step: bool
+) -> dict[str, nn.Module]:
+    """The modules to time for ``config``: the RMC's implementations and the LSTM baselines.
+
+    All RMC implementations share the reference's parameters; ``fast+compile`` only with
+    ``compile_step``, the CUDA-graph ones only on CUDA.
+    """
+    torch.manual_seed(0)
+    reference = RelationalMemory(**config.rmc, implementation="reference", device=device)
+    fast = RelationalMemory(**config.rmc, implementation="fast", device=device)
+    fast.load_state_dict(reference.state_dict())
+    impls: dict[str, nn.Module] = {"reference": reference, "fast": fast}
+    if compile_step:
+        impls["fast+compile"] = FastRelationalMemory(fast, compile=True)
+    if device.type == "cuda":
+        impls["fast+graph"] = FastRelationalMemory(fast, cuda_graph=True)
+        impls["fast+graph+bf16"] = FastRelationalMemory(
+            fast, cuda_graph=True, matmul_dtype=torch.bfloat16
+        )
+    params = sum(p.numel() for p in reference.parameters())
+    f = config.rmc["input_size"]
+    impls["lstm-params"] = LSTMCore(f, lstm_hidden_for_params(f, params), device=device)
+    impls["lstm-width"] = LSTMCore(f, reference.output_size, device=device)
+    return impls
+
+
+def run_config(
+    name: str,
+    device: torch.device,
+    *,
+    steps: int | None = None,
+    batch: int | None = None,
+    only: Collection[str] | None = None,
+    compile_step: bool = False,
+    warmup: int = 1,
+    repeat: int = 5,
+) -> list[dict[str, Any]]:
+    """Time every implementation of one configuration; one record per implementation.
+
+    Args:
+        name: a key of :data:`CONFIGS`.
+        device: where to run.
+        steps, batch: override the configuration's T and B (its CPU shape on the CPU).
+        only: the implementations to time (default: all available here).
+        compile_step: also time ``fast+compile``.
+        warmup, repeat: untimed and timed runs per implementation and pass.
+
+    Returns:
+        Records with the shape, parameter counts, timings (see :func:`bench_interleaved`), the
+        FLOP model and, for fast paths, the equivalences used. Each is also printed as a row.
+    """
+    config = CONFIGS[name]
+    default_steps, default_batch = config.shape if device.type == "cuda" else config.cpu_shape
+    steps, batch = steps or default_steps, batch or default_batch
+    impls = implementations(config, device, compile_step)
+    torch.manual_seed(1)
+    inputs = torch.randn(steps, batch, config.rmc["input_size"], device=device)
+    rmc_config = impls["reference"].config
+    rmc_params = sum(p.numel() for p in impls["reference"].parameters())
+    selected = {k: v for k, v in impls.items() if not only or k in only}
+    passes = {impl: timed_passes(module, inputs) for impl, module in selected.items()}
+    if not only or FLOOR in only:
+        passes[FLOOR] = matmul_floor_passes(rmc_config, steps, batch, device)
+    timings = bench_interleaved(
+        passes,
+        steps,
+        batch,
+        device,
+        warmup,
+        repeat,
+        reset=lambda name: drop_grads(selected.get(name)),
+    )
+    if device.type == "cpu":
+        for impl, module in selected.items():
+            timings[impl]["train"]["saved_activation_bytes"] = saved_bytes(
+                lambda module=module: module(inputs)
+            )
+    records = []
+    for impl in passes:
+        module = selected.get(impl)
+        parameters = rmc_params if module is None else sum(p.numel() for p in module.parameters())
+        record = {
+            "config": name,
+            "implementation": impl,
+            "device": str(device),
+            "dtype": "float32",
+            "steps": steps,
+            "batch": batch,
+            "rmc": config.rmc,
+            "note": config.note,
+            "parameters": parameters,
+            "rmc_parameters": rmc_params,
+            **timings[impl],
+        }
+        if isinstance(module, LSTMCore):
+            hidden = module.lstm.hidden_size
+            record["lstm_hidden"] = hidden
+            record["step_flops"] = lstm_step_flops(config.rmc["input_size"], hidden)
+        else:
+            record["step_flops"] = step_flops(rmc_config)
+            if impl != "reference":
+                record["equivalences"] = fast_path_plan(rmc_config)
+            if impl == FLOOR:
+                products = fast_path_products(rmc_config)
+                record["products"] = {k: [p._asdict() for p in v] for k, v in products.items()}
+        records.append(record)
+        print(progress_row(record), flush=True)
+    return records

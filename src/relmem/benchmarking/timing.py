@@ -1,0 +1,108 @@
+"""The timing harness: forward and forward + backward passes timed round-robin, saved bytes."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+def _final_tensors(final: Any) -> list[Tensor]:
+    """The tensors of a final state (an ``RMCState`` may hold a None)."""
+    return [t for t in final if isinstance(t, Tensor)]
+
+
+def timed_passes(module: nn.Module, inputs: Tensor) -> dict[str, Callable[[], None]]:
+    """The two timed passes: forward under ``no_grad``, and forward + backward."""
+
+    def forward() -> None:
+        with torch.no_grad():
+            module(inputs)
+
+    def train() -> None:
+        output, final = module(inputs)
+        loss = output.sum() + sum(t.sum() for t in _final_tensors(final))
+        loss.backward()
+
+    return {"forward": forward, "train": train}
+
+
+def drop_grads(module: nn.Module | None) -> None:
+    """Set ``module``'s gradients to None (a no-op for None, the matmul floor's entry)."""
+    if module is not None:
+        module.zero_grad(set_to_none=True)
+
+
+def saved_bytes(run: Callable[[], Any]) -> int:
+    """Bytes autograd saves for backward during ``run()`` (each storage counted once)."""
+    seen: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(seen.values())
+
+
+def bench_interleaved(
+    passes: dict[str, dict[str, Callable[[], None]]],
+    steps: int,
+    batch: int,
+    device: torch.device,
+    warmup: int,
+    repeat: int,
+    reset: Callable[[str], None] = lambda name: None,
+) -> dict[str, dict[str, Any]]:
+    """Forward (no grad) and forward+backward timings of several implementations.
+
+    The implementations are timed round-robin (repeat r runs every one once before repeat
+    r + 1), so a slow spell of a shared machine hits every implementation alike.
+
+    Args:
+        passes: per implementation, its ``forward`` and ``train`` callables.
+        steps, batch: T and B, for the throughput.
+        reset: called with an implementation's name before its warm-up (drops gradients).
+
+    Returns:
+        Per implementation and pass: median/min/max ms, every time, throughput
+        (steps × batch / s) and, on CUDA, peak memory.
+    """
+    results: dict[str, dict[str, Any]] = {name: {} for name in passes}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
+    for kind in ("forward", "train"):
+        peaks: dict[str, int] = {}
+        for name, fns in passes.items():
+            reset(name)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            for _ in range(warmup):
+                fns[kind]()
+            sync(device)
+            if device.type == "cuda":
+                peaks[name] = torch.cuda.max_memory_allocated(device)
+        times: dict[str, list[float]] = {name: [] for name in passes}
+        for _ in range(repeat):
+            for name, fns in passes.items():
+                start = time.perf_counter()
+                fns[kind]()
+                sync(device)
+                times[name].append((time.perf_counter() - start) * 1e3)
+        for name, values in times.items():
+            median = statistics.median(values)
+            results[name][kind] = {
+                "median_ms": median,
+                "min_ms": min(values),
+                "max_ms": max(values),
+                "items_per_s": steps * batch / (median / 1e3),
+                "times_ms": values,
+            }
+            if name in peaks:
+                results[name][kind]["peak_memory_bytes"] = peaks[name]
+    return results

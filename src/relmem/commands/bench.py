@@ -1,0 +1,145 @@
+"""``relmem bench``: RMC throughput, reference vs fast vs ``nn.LSTM``, written to JSON.
+
+For each configuration (:data:`relmem.benchmarking.configs.CONFIGS`) it times, on one device
+and in one process:
+
+- ``reference``: :class:`RelationalMemory` with ``implementation='reference'`` (the plain
+  time loop, the test oracle);
+- ``fast``: ``implementation='fast'`` (eager; spec section 10 equivalences);
+- on CUDA also ``fast+graph`` (the whole sequence, forward and backward, in CUDA graphs),
+  ``fast+graph+bf16`` (bf16 matmuls; LN, softmax and state in fp32) and with ``--compile``
+  ``fast+compile`` (``torch.compile`` of the step; CPU too);
+- ``lstm-params``: ``nn.LSTM`` whose hidden size gives about the RMC's parameter count;
+- ``lstm-width``: ``nn.LSTM`` with hidden size N·M, the RMC's output width;
+- ``matmul-floor``: the fast path's weight matmuls alone, forward and backward, with nothing
+  else (:func:`relmem.benchmarking.baselines.matmul_floor_passes`): an estimate of the least
+  time an exact implementation built on the same GEMM can take, so ``reference ÷ matmul-floor``
+  estimates the most a fast path can gain on the device.
+
+Each implementation is timed for the forward pass (under ``torch.no_grad``) and for forward +
+backward of ``output.sum() + final_state.sum()``: ``--warmup`` untimed runs, then ``--repeat``
+timed runs taken round-robin over the implementations (so a busy spell of a shared machine hits
+all of them), median reported (and min/max). Throughput is time steps × batch per second. Peak
+memory is the CUDA allocator's peak on CUDA; on the CPU it is the bytes autograd saves for the
+backward pass (the activation memory), counted with ``saved_tensors_hooks``.
+
+Results go to ``benchmarks/results/bench-<device>-<UTC time>.json`` with machine information
+(CPU or GPU name, core count, load average, torch/CUDA versions, git SHA);
+``benchmarks/plot_bench.py`` draws them.
+
+Example::
+
+    relmem bench --device cpu --configs small wikitext2_port --repeat 5
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Literal
+
+import torch
+import tyro
+
+from relmem.benchmarking.configs import CONFIGS, IMPLEMENTATIONS
+from relmem.benchmarking.report import progress_header, summary, write_results
+from relmem.benchmarking.runner import run_config
+from relmem.env_info import machine_info
+
+ConfigName = Literal[tuple(CONFIGS)]  # type: ignore[valid-type]
+ImplementationName = Literal[IMPLEMENTATIONS]  # type: ignore[valid-type]
+
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass
+class BenchArgs:
+    """Time the RMC (reference, fast) against nn.LSTM; write JSON results."""
+
+    device: str = field(default_factory=_default_device)
+    """Torch device to time on."""
+    configs: tuple[ConfigName, ...] = tuple(CONFIGS)
+    """Configurations to time (see --list)."""
+    only: tuple[ImplementationName, ...] | None = None
+    """Implementations to time (default: all available)."""
+    steps: int | None = None
+    """Override T for every configuration."""
+    batch: int | None = None
+    """Override B for every configuration."""
+    warmup: int = 1
+    """Untimed runs first."""
+    repeat: int = 5
+    """Timed runs."""
+    compile: bool = False
+    """Also time fast+compile."""
+    threads: int | None = None
+    """torch.set_num_threads (CPU)."""
+    out: Path = Path("benchmarks/results")
+    """Directory for the JSON file."""
+    list_configs: Annotated[bool, tyro.conf.arg(name="list")] = False
+    """List the configurations and exit."""
+
+    def __post_init__(self) -> None:
+        minimums = {"warmup": 0, "repeat": 1, "steps": 1, "batch": 1, "threads": 1}
+        for name, minimum in minimums.items():
+            value = getattr(self, name)
+            if value is not None and value < minimum:
+                raise ValueError(f"--{name} must be >= {minimum}, got {value}")
+
+
+def parse(argv: list[str]) -> BenchArgs:
+    """``relmem bench``'s options.
+
+    Raises:
+        SystemExit: from tyro: status 0 after --help; status 2, with a message on stderr, for
+            a malformed option or a value out of range.
+    """
+    return tyro.cli(BenchArgs, args=argv, prog="relmem bench", description=BenchArgs.__doc__)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``relmem bench``; returns the exit status."""
+    args = parse(argv)
+    if args.list_configs:
+        for name, config in CONFIGS.items():
+            print(f"{name:<15} T×B={config.shape} (CPU {config.cpu_shape})  {config.note}")
+        return 0
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("relmem bench: CUDA is not available; use --device cpu")
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    info = machine_info(device)
+    print(
+        f"# {info.get('gpu', info['cpu'])} | torch {info['torch']} | "
+        f"threads {info['torch_threads']} | load {info['load_average']}"
+    )
+    print(progress_header())
+    records = []
+    for name in args.configs:
+        records += run_config(
+            name,
+            device,
+            steps=args.steps,
+            batch=args.batch,
+            only=args.only,
+            compile_step=args.compile,
+            warmup=args.warmup,
+            repeat=args.repeat,
+        )
+    table = summary(records)
+    print("\n" + table)
+    payload = {
+        "machine": info,
+        "argv": argv,
+        "warmup": args.warmup,
+        "repeat": args.repeat,
+        "results": records,
+        "table": table,
+    }
+    path = write_results(args.out, device.type, payload)
+    print(f"\nwrote {path}")
+    return 0
