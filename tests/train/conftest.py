@@ -9,8 +9,7 @@ import pytest
 
 from relmem.models.classifier import HeadConfig, LSTMModelConfig, RMCModelConfig
 from relmem.models.dnc import DNCModelConfig
-from relmem.tasks.memory_tasks import RepeatCopyConfig
-from relmem.tasks.nth_farthest import NthFarthestConfig
+from relmem.tasks import NthFarthestConfig, RepeatCopyConfig
 from relmem.train.config import OptimConfig, TrainConfig
 
 
