@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from relmem.models.classifier import HeadConfig, LSTMModelConfig, RMCModelConfig
-from relmem.models.dnc import DNCModelConfig
+from relmem.models import DNCModelConfig, HeadConfig, LSTMModelConfig, RMCModelConfig
 from relmem.tasks import NthFarthestConfig, RepeatCopyConfig
 from relmem.train.config import OptimConfig, TrainConfig
 

@@ -1,32 +1,51 @@
-"""Models for the training tasks: a registry of ``name -> builder``, classifiers and per-step
-models for the RMC, the LSTM baseline and the DNC."""
+"""Models for the training tasks: ``encoder -> core -> head``.
 
-from relmem.models import builders as _builders  # noqa: F401 - registers rmc, lstm, dnc
-from relmem.models.classifier import (
-    HeadConfig,
-    LSTMClassifier,
-    LSTMModelConfig,
-    RMCClassifier,
-    RMCModelConfig,
-    count_parameters,
-)
-from relmem.models.dnc import DNCClassifier, DNCModelConfig, DNCPerStep
-from relmem.models.per_step import LSTMPerStep, RMCPerStep
-from relmem.models.registry import get_model, list_models, register_model
+- :mod:`~relmem.models.spec`: :class:`TaskSpec`, what a task asks of its models;
+- :mod:`~relmem.models.registry`: the cores (``rmc``, ``lstm``, ``dnc``), one file each;
+- :mod:`~relmem.models.encoders` and :mod:`~relmem.models.heads`: what a task may name;
+- :mod:`~relmem.models.model`: :class:`SequenceModel` and :func:`build_model`.
+
+Importing this package registers every core, encoding and head in it.
+"""
+
+from relmem.models.dnc import DNCModelConfig
+from relmem.models.encoders import build_encoder, register_encoder
+from relmem.models.heads import CoreReadout, HeadConfig, get_head, register_head
+from relmem.models.lstm import LSTMCore, LSTMModelConfig
+from relmem.models.model import SequenceModel, build_model, count_parameters
+from relmem.models.registry import ModelEntry, get_model, list_models, register_model
+from relmem.models.rmc import RMCModelConfig
+from relmem.models.spec import TaskSpec
 
 __all__ = [
-    "DNCClassifier",
     "DNCModelConfig",
-    "DNCPerStep",
     "HeadConfig",
-    "LSTMClassifier",
+    "LSTMCore",
     "LSTMModelConfig",
-    "LSTMPerStep",
-    "RMCClassifier",
+    "ModelEntry",
     "RMCModelConfig",
-    "RMCPerStep",
+    "SequenceModel",
+    "TaskSpec",
+    "CoreReadout",
+    "build_encoder",
+    "build_model",
     "count_parameters",
+    "get_head",
     "get_model",
     "list_models",
+    "register_encoder",
+    "register_head",
     "register_model",
 ]
+
+
+def _import_every_module() -> None:
+    """Import every module of this package, so a new core's file registers itself."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+
+
+_import_every_module()

@@ -1,10 +1,8 @@
-"""The DNC for the trainer: its config, a classifier and a per-step model.
+"""The DNC as a trainer core (``--model dnc``).
 
-- Last-step tasks (Nth Farthest): the DNC's output ``y_t = W_y [h_t ; r_t] + b_y`` (width
-  ``hidden_size``) at each sequence's last valid step goes through the same MLP head as the RMC
-  and the LSTM (``specs/tasks.md`` 1.3).
-- Per-step tasks (copy, repeat copy, associative recall): the DNC's output layer is the per-step
-  linear readout, emitting the O target logits at every step, as ``deepmind/dnc``'s DNC does.
+Its output layer ``y_t = W_y [h_t ; r_t] + b_y`` is linear, so a per-step linear head is folded
+into it (``readout``): on copy tasks the DNC emits the target logits itself, as
+``deepmind/dnc``'s does. Without a readout its output is ``hidden_size`` wide.
 """
 
 from __future__ import annotations
@@ -12,12 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
-from torch import Tensor, nn
-
 from relmem.cores.dnc import DNC
-from relmem.models.classifier import HeadConfig, mlp_head
-from relmem.models.spec import TaskSpec
+from relmem.models.registry import register_model
+from relmem.validation import check_at_least, check_choice
 
 
 @dataclass
@@ -48,19 +43,24 @@ class DNCModelConfig:
     compat: Literal["paper", "deepmind"] = "paper"
 
     def __post_init__(self) -> None:
-        sizes = ("hidden_size", "num_layers", "memory_size", "word_size")
-        for name in (*sizes, "num_read_heads", "num_write_heads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"dnc.{name} must be >= 1, got {getattr(self, name)}")
+        check_at_least(
+            "dnc.",
+            self,
+            hidden_size=1,
+            num_layers=1,
+            memory_size=1,
+            word_size=1,
+            num_read_heads=1,
+            num_write_heads=1,
+        )
         if not self.clip_value >= 0:
             raise ValueError(f"dnc.clip_value must be >= 0 (0 disables it), got {self.clip_value}")
-        if self.compat not in ("paper", "deepmind"):
-            raise ValueError(f"dnc.compat must be 'paper' or 'deepmind', got {self.compat!r}")
+        check_choice("dnc.compat", self.compat, ("paper", "deepmind"))
 
 
-def dnc_core(config: DNCModelConfig, input_size: int, output_size: int | None) -> DNC:
-    """A batch-first :class:`DNC`: ``[B, T, X] -> [B, T, Y]`` (Y = Hc when ``output_size`` is
-    None)."""
+@register_model("dnc", DNCModelConfig, readout=True)
+def build_dnc(config: DNCModelConfig, input_size: int, readout_size: int | None) -> DNC:
+    """A batch-first :class:`DNC`: ``[B, T, X] -> [B, T, Y]``, Y = ``readout_size`` or Hc."""
     return DNC(
         input_size,
         config.hidden_size,
@@ -69,51 +69,8 @@ def dnc_core(config: DNCModelConfig, input_size: int, output_size: int | None) -
         config.num_read_heads,
         config.num_write_heads,
         batch_first=True,
-        output_size=output_size,
+        output_size=readout_size,
         num_layers=config.num_layers,
         compat=config.compat,
         clip_value=config.clip_value,
     )
-
-
-class DNCClassifier(nn.Module):
-    """DNC over the rows, its output at the last valid step, MLP head.
-
-    Shapes:
-        - input: ``[B, T, F]``; lengths: optional ``[B]`` int64 in ``1..T``.
-        - output: logits ``[B, C]``.
-    """
-
-    def __init__(self, config: DNCModelConfig, head: HeadConfig, spec: TaskSpec) -> None:
-        super().__init__()
-        self.core = dnc_core(config, spec.input_size, None)
-        self.head = mlp_head(self.core.output_size, head, spec.output_size)
-
-    def forward(self, inputs: Tensor, lengths: Tensor | None = None) -> Tensor:
-        """``inputs [B, T, F]`` -> ``logits [B, C]`` from ``y`` at each last valid step."""
-        outputs, _ = self.core(inputs, lengths=lengths)  # [B, T, Hc]
-        if lengths is None:
-            last = outputs[:, -1]  # [B, Hc]
-        else:
-            rows = torch.arange(outputs.shape[0], device=outputs.device)
-            last = outputs[rows, lengths.to(outputs.device) - 1]  # [B, Hc]
-        return self.head(last)
-
-
-class DNCPerStep(nn.Module):
-    """DNC whose output layer emits the task's O logits at every step.
-
-    Shapes:
-        - input: ``[B, T, F]``; lengths: optional ``[B]`` int64 in ``1..T`` (padded steps
-          change no state and output zeros).
-        - output: logits ``[B, T, O]``, clipped to ±``clip_value`` when that is > 0.
-    """
-
-    def __init__(self, config: DNCModelConfig, spec: TaskSpec) -> None:
-        super().__init__()
-        self.core = dnc_core(config, spec.input_size, spec.output_size)
-
-    def forward(self, inputs: Tensor, lengths: Tensor | None = None) -> Tensor:
-        """``inputs [B, T, F]`` -> ``logits [B, T, O]``."""
-        outputs, _ = self.core(inputs, lengths=lengths)
-        return outputs

@@ -1,8 +1,9 @@
 """Typed training configuration: plain dataclasses, no CLI dependency.
 
 :class:`TrainConfig` is generic in the task's config (``TrainConfig[NthFarthestConfig]``) and
-holds one config per registered model (``rmc``, ``lstm``, ``dnc``); ``model`` picks which one is
-built.
+holds one config per registered model (``rmc``, ``lstm``, ``dnc``: a field named after the
+model, typed by its config class, added from the model registry when this module is imported,
+so a new core needs no edit here); ``model`` picks which one is built.
 The CLI (``relmem.commands.train``) parses these with tyro; :func:`config_to_dict` and
 :func:`config_from_dict` give the ``config.json`` of every run directory, and reloading it
 rejects unknown keys and wrong types.
@@ -17,9 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
-from relmem.models.classifier import HeadConfig, LSTMModelConfig, RMCModelConfig
-from relmem.models.dnc import DNCModelConfig
-from relmem.models.registry import list_models
+from relmem.models import HeadConfig, get_model, list_models
 
 TaskConfigT = TypeVar("TaskConfigT")
 
@@ -66,15 +65,14 @@ class OptimConfig:
 
 
 @dataclass
-class TrainConfig(Generic[TaskConfigT]):
-    """Everything that defines a training run.
+class _RunConfig(Generic[TaskConfigT]):
+    """Everything that defines a training run (:class:`TrainConfig` adds the models' fields).
 
     Attributes:
         task: the task's config dataclass (e.g. ``NthFarthestConfig``, ``RepeatCopyConfig``).
         model: which registered model to train ('dnc', 'lstm' or 'rmc'; ``list_models()``).
-        rmc: the RMC's settings (used when ``model == 'rmc'``).
-        lstm: the LSTM baseline's settings (used when ``model == 'lstm'``).
-        dnc: the DNC's settings (used when ``model == 'dnc'``).
+        rmc, lstm, dnc, ...: one field per registered model, its config (used when
+            ``model`` names it).
         head: the MLP head on the core's last output (last-step tasks; per-step tasks use a
             linear readout per step).
         optim: optimiser, schedule and clipping.
@@ -102,9 +100,6 @@ class TrainConfig(Generic[TaskConfigT]):
 
     task: TaskConfigT
     model: str = "rmc"
-    rmc: RMCModelConfig = field(default_factory=RMCModelConfig)
-    lstm: LSTMModelConfig = field(default_factory=LSTMModelConfig)
-    dnc: DNCModelConfig = field(default_factory=DNCModelConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     steps: int = 10000
@@ -145,6 +140,18 @@ class TrainConfig(Generic[TaskConfigT]):
     def model_config(self) -> Any:
         """The config of the selected model (``getattr(self, self.model)``)."""
         return getattr(self, self.model)
+
+
+TrainConfig = dataclasses.make_dataclass(
+    "TrainConfig",
+    [
+        (name, get_model(name).config_cls, field(default_factory=get_model(name).config_cls))
+        for name in list_models()
+    ],
+    bases=(_RunConfig[TaskConfigT],),
+    namespace={"__module__": __name__},
+)
+TrainConfig.__doc__ = _RunConfig.__doc__
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:

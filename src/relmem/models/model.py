@@ -1,0 +1,81 @@
+"""A model is ``encoder -> core -> head``: :class:`SequenceModel` and :func:`build_model`.
+
+The task picks the encoder and the head (:class:`TaskSpec`), the run's config picks the core
+(:mod:`relmem.models.registry`); every combination is the same module with the same call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from relmem.models.encoders import build_encoder
+from relmem.models.heads import CoreReadout, HeadConfig, get_head
+from relmem.models.registry import get_model
+from relmem.models.spec import TaskSpec
+
+# Parameter names written by earlier releases, renamed on load so their checkpoints still load.
+_LEGACY_PREFIXES = {"readout.": "head."}
+
+
+class SequenceModel(nn.Module):
+    """``encoder -> core -> head``, the one model shape of the trainer.
+
+    Shapes:
+        - inputs: ``[B, T, F]`` float (encoding 'features') or ``[B, T]`` int64 token ids.
+        - state: the core's state (see :mod:`relmem.models.registry`); None: the initial one.
+        - lengths: optional ``[B]`` int64 valid lengths in ``1..T`` of right-padded inputs.
+        - returns ``(logits, state)``: ``logits [B, C]`` ('last' head) or ``[B, T, O]``
+          (per-step heads); the state after each example's last valid step, not detached.
+    """
+
+    def __init__(self, encoder: nn.Module, core: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.core = core
+        self.head = head
+        self._register_load_state_dict_pre_hook(_rename_legacy_keys)
+
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> Any:
+        """The core's initial state for ``batch_size`` sequences."""
+        return self.core.initial_state(batch_size, device=device)
+
+    def forward(
+        self, inputs: Tensor, state: Any = None, lengths: Tensor | None = None
+    ) -> tuple[Tensor, Any]:
+        outputs, state = self.core(self.encoder(inputs), state, lengths=lengths)
+        return self.head(outputs, lengths), state
+
+
+def _rename_legacy_keys(state_dict: dict[str, Tensor], prefix: str, *args: Any) -> None:
+    for key in list(state_dict):
+        for old, new in _LEGACY_PREFIXES.items():
+            if key.startswith(prefix + old):
+                state_dict[prefix + new + key[len(prefix + old) :]] = state_dict.pop(key)
+
+
+def build_model(name: str, config: Any, head: HeadConfig, spec: TaskSpec) -> SequenceModel:
+    """The registered core ``name`` (with ``config``) between ``spec``'s encoder and head.
+
+    A linear per-step head on a core that ends in a linear layer (``readout``) is folded into
+    that layer, so the core emits the logits itself.
+    """
+    entry = get_model(name)
+    if not isinstance(config, entry.config_cls):
+        raise TypeError(
+            f"model {name!r} takes a {entry.config_cls.__name__}, got {type(config).__name__}"
+        )
+    head_entry = get_head(spec.output)
+    encoder = build_encoder(spec)
+    if head_entry.linear and entry.readout:
+        core = entry.build(config, encoder.output_size, spec.output_size)
+        return SequenceModel(encoder, core, CoreReadout())
+    core = entry.build(config, encoder.output_size, None)
+    return SequenceModel(encoder, core, head_entry.build(head, core.output_size, spec))
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Number of trainable scalars in ``module``."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
