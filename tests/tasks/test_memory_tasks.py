@@ -12,9 +12,10 @@ from relmem.tasks import (
     AssociativeRecallConfig,
     CopyConfig,
     RepeatCopyConfig,
+    get_task,
     masked_sigmoid_cross_entropy,
 )
-from relmem.tasks.base import ACCURACY, BIT_ERRORS, Batch, get_task, step_generator
+from relmem.tasks.base import ACCURACY, BIT_ERRORS, Batch, step_generator
 
 CPU = torch.device("cpu")
 CONFIGS = {
@@ -103,8 +104,8 @@ def test_loss_and_bit_errors(name: str) -> None:
     torch.testing.assert_close(loss, time_major)
     right = batch.targets * 20 - 10
     assert task.metric.name == "bit_errors" and not task.metric.higher_is_better
-    assert (task.metrics(right, batch)["bit_errors"] == 0).all()
-    wrong = task.metrics(-right, batch)["bit_errors"]
+    assert (task.measure(right, batch)["bit_errors"].total == 0).all()
+    wrong = task.measure(-right, batch)["bit_errors"].total
     assert wrong.shape == (32,)
     torch.testing.assert_close(wrong, scored * task.spec.output_size)
 

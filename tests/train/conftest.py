@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from relmem.models import DNCModelConfig, HeadConfig, LSTMModelConfig, RMCModelConfig
-from relmem.tasks.memory_tasks import RepeatCopyConfig
-from relmem.tasks.nth_farthest import NthFarthestConfig
+from relmem.tasks import NthFarthestConfig, RepeatCopyConfig
 from relmem.train.config import OptimConfig, TrainConfig
 
 

@@ -11,11 +11,12 @@ import torch
 from safetensors.torch import load_file
 
 from relmem import cli
-from relmem.tasks.base import get_task
+from relmem.tasks import get_task
 from relmem.train import checkpoint as ckpt_io
-from relmem.train.loop import build_model, evaluate, run
+from relmem.train.evaluation import evaluate
+from relmem.train.loop import run
 from relmem.train.metrics import read_metrics
-from relmem.train.runs import load_run_config
+from relmem.train.runs import build_model, load_run_config
 
 TINY_CLI = [
     "--device", "cpu", "--steps", "40", "--batch-size", "16", "--eval-every", "20",

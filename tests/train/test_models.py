@@ -8,10 +8,9 @@ import torch
 
 from relmem.models import HeadConfig, count_parameters, get_model, list_models
 from relmem.models import build_model as build_core_model
-from relmem.presets import LIBRARY_NAMES, PRESETS, TASK_OF, get_preset
-from relmem.tasks import NthFarthest, NthFarthestConfig, RepeatCopyConfig
-from relmem.tasks.base import TaskSpec, get_task, list_tasks, step_generator
-from relmem.train.loop import build_model
+from relmem.tasks import NthFarthest, NthFarthestConfig, RepeatCopyConfig, get_preset, get_task
+from relmem.tasks.base import TaskSpec, step_generator
+from relmem.train.runs import build_model
 
 TINY_CONFIGS = {
     "rmc": {"mem_slots": 2, "head_size": 4, "num_heads": 2},
@@ -72,29 +71,8 @@ def test_padding_changes_nothing(name: str, output: str) -> None:
         torch.testing.assert_close(got, alone, msg=f"{name}, example {b}")
 
 
-@pytest.mark.parametrize("preset", sorted(LIBRARY_NAMES))
-def test_presets_build(preset: str) -> None:
-    task_name = TASK_OF[preset]
-    config = get_preset(task_name, preset)
-    task = get_task(task_name).build(config.task)
-    for model_name in list_models():
-        config.model = model_name
-        assert count_parameters(build_model(config, task)) > 0
-
-
-def test_every_task_has_its_default_preset_and_refuses_others() -> None:
-    library_tasks = {"nth-farthest", "repeat-copy", "copy", "associative-recall"}
-    assert set(PRESETS) == library_tasks <= set(list_tasks())  # tests register others
-    for name in library_tasks:
-        entry = get_task(name)
-        assert TASK_OF[entry.default_preset] == name
-        assert PRESETS[name]["cpu"] is LIBRARY_NAMES[entry.default_preset]
-    with pytest.raises(KeyError, match="unknown preset 'nth_farthest_cpu' for task 'copy'"):
-        get_preset("copy", "nth_farthest_cpu")
-
-
 def test_paper_preset_matches_spec() -> None:
-    config = PRESETS["nth-farthest"]["paper"]()
+    config = get_preset("nth-farthest", "paper")
     assert (config.task.num_objects, config.task.num_features, config.task.test_size) == (
         8,
         16,

@@ -2,8 +2,7 @@
 
 The default CPU preset's settings (Adam 1e-4, clip 1, batch 256, the small RMC) on the smallest
 relational variant, K=3 objects of F=2 dims, where the trivial plateau is 2/3: a model that
-never compares distances cannot pass. On the 2-core development VM this took 101 s with one
-thread (2026-11-23).
+never compares distances cannot pass (its running time: ``docs/results.md``).
 """
 
 from __future__ import annotations
@@ -14,8 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from relmem.presets import nth_farthest_cpu
-from relmem.tasks.nth_farthest import NthFarthestConfig
+from relmem.tasks.nth_farthest import NthFarthestConfig, nth_farthest_cpu
 from relmem.train.loop import run
 
 

@@ -14,13 +14,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from relmem.tasks.base import register_task
+from relmem.tasks.base import Measure
 from relmem.tasks.nth_farthest import NthFarthest, NthFarthestConfig
+from relmem.tasks.registry import registered
 from relmem.train import checkpoint as ckpt_io
 from relmem.train.config import TrainConfig, config_from_dict, config_to_dict
-from relmem.train.loop import EXIT_DIVERGED, EXIT_SIGTERM, lr_multiplier, run
+from relmem.train.loop import EXIT_DIVERGED, EXIT_SIGTERM, run
 from relmem.train.metrics import read_metrics
 from relmem.train.runs import load_run_config, load_trained
+from relmem.train.trainer import Progress, lr_multiplier
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -167,19 +169,20 @@ class _NaNAfter(NthFarthest):
 
     calls = 0
 
-    def loss(self, logits, batch):
+    def measure(self, logits, batch):
         type(self).calls += 1
-        loss = super().loss(logits, batch)
-        return loss * float("nan") if type(self).calls >= 8 else loss
-
-
-register_task("nan-after-7", NthFarthestConfig, default_preset="nth_farthest_cpu")(_NaNAfter)
+        measures = super().measure(logits, batch)
+        if type(self).calls >= 8:
+            total, count = measures["loss"]
+            measures["loss"] = Measure(total * float("nan"), count)
+        return measures
 
 
 def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tiny, tmp_path: Path, capsys):
     _NaNAfter.calls = 0
     config = tiny(steps=20, checkpoint_every=5, eval_every=100)
-    result = run(config, "nan-after-7")
+    with registered("nan-after-7", NthFarthestConfig, _NaNAfter):
+        result = run(config, "nan-after-7")
     assert result.status == "diverged" and result.exit_code == EXIT_DIVERGED
     err = capsys.readouterr().err
     assert "nan" in err and "step 8" in err and "step-00000005" in err
@@ -197,10 +200,8 @@ def test_new_run_refuses_to_overwrite(tiny) -> None:
 
 def test_time_limit_evaluates_the_final_weights(tiny, monkeypatch) -> None:
     """A run stopped by its time limit reports the held-out figures of the weights it saved."""
-    from relmem.train import loop
-
     # The time limit is up from the 7th step on, between two evaluations (every 5 steps).
-    monkeypatch.setattr(loop._LoopState, "session", lambda self: 1e9 if self.step >= 6 else 0.0)
+    monkeypatch.setattr(Progress, "session", lambda self: 1e9 if self.step >= 6 else 0.0)
     result = run(tiny(steps=50, eval_every=5, time_limit_min=1.0), "nth-farthest")
     assert result.status == "time_limit"
     assert result.summary["steps"] == result.summary["held_out_step"] == 7
@@ -215,9 +216,10 @@ def test_cpu_threads_applies_and_is_recorded(tiny) -> None:
         torch.set_num_threads(2)
         result = run(tiny(steps=2, cpu_threads=1), "nth-farthest")
         assert torch.get_num_threads() == 1
-        assert json.loads((result.run_dir / "run.json").read_text())["invocations"][-1][
-            "num_threads"
-        ] == 1
+        assert (
+            json.loads((result.run_dir / "run.json").read_text())["invocations"][-1]["num_threads"]
+            == 1
+        )
     finally:
         torch.set_num_threads(before)
     with pytest.raises(ValueError, match="cpu_threads must be >= 1"):

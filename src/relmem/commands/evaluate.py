@@ -14,12 +14,10 @@ from typing import Annotated
 
 import tyro
 
-import relmem.models  # noqa: F401 - registers the models
-import relmem.tasks  # noqa: F401 - registers the tasks
-from relmem.tasks.base import get_task
+from relmem.tasks.registry import get_task
 from relmem.train.checkpoint import CheckpointError
 from relmem.train.distributed import resolve_device
-from relmem.train.loop import evaluate
+from relmem.train.evaluation import evaluate
 from relmem.train.runs import load_trained
 
 

@@ -3,8 +3,8 @@
 - ``curves.png``: held-out / training / best-batch values of the task's primary metric
   (accuracy, bit errors per sequence, ...) and losses against steps and against wall-clock
   time, from ``metrics.jsonl`` (never from TensorBoard).
-- ``attention_example_{i}.png`` (RMC on a last-step task such as Nth Farthest; skipped for
-  other models and for per-step tasks): for one held-out sequence, one heatmap per head
+- ``attention_example_{i}.png`` (a model whose core is the RMC, with a last-step head, as on
+  Nth Farthest; skipped for other cores and heads): for one held-out sequence, one heatmap per head
   (columns) and time step (rows) of the first block's attention weights: query rows are the
   N memory slots and the input row, key columns the same N + 1 rows (paper section 5.1, Fig. 3).
 """
@@ -19,10 +19,7 @@ from typing import Annotated, Any
 import torch
 import tyro
 
-import relmem.models  # noqa: F401 - registers the models
-import relmem.tasks  # noqa: F401 - registers the tasks
 from relmem.cores.rmc import RelationalMemory
-from relmem.models import SequenceModel
 from relmem.tasks.base import ACCURACY, MetricSpec
 from relmem.train.checkpoint import CheckpointError
 from relmem.train.metrics import read_metrics
@@ -98,11 +95,11 @@ def plot_curves(
 
 
 @torch.no_grad()
-def attention_maps(model: SequenceModel, inputs: torch.Tensor, block: int) -> torch.Tensor:
+def attention_maps(core: RelationalMemory, inputs: torch.Tensor, block: int) -> torch.Tensor:
     """Attention weights of one sequence at every step.
 
     Args:
-        model: a trained RMC classifier.
+        core: a trained model's RMC core.
         inputs: ``[T, F]`` one sequence.
         block: attention block index.
 
@@ -110,7 +107,7 @@ def attention_maps(model: SequenceModel, inputs: torch.Tensor, block: int) -> to
         ``[T, H, N+1, N+1]``: per step and head, queries (N slots, then the input row) against
         keys (the same rows).
     """
-    cell = model.core.cell
+    cell = core.cell
     rows = inputs.unsqueeze(0)  # [1, T, F]
     state = cell.initial_state(1)
     maps = []
@@ -154,11 +151,6 @@ def plot_attention(maps: torch.Tensor, path: Path, title: str, row_names: list[s
     plt.close(fig)
 
 
-def _describe_rows(inputs: torch.Tensor, num_features: int, k: int) -> list[str]:
-    ids = inputs[:, num_features : num_features + k].argmax(-1).tolist()
-    return [f"object {i}" for i in ids]
-
-
 def main(argv: list[str]) -> int:
     """Entry point of ``relmem plot``; writes PNGs and prints their paths."""
     try:
@@ -174,30 +166,26 @@ def main(argv: list[str]) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     curves = out / "curves.png"
-    levels = None
-    if task_name == "nth-farthest":
-        k = config.task.num_objects
-        levels = {f"plateau 2/K = {2 / k:.1%}": 2 / k, f"chance 1/K = {1 / k:.1%}": 1 / k}
     title = f"{task_name} / {config.model} ({args.run_dir})"
-    plot_curves(records, curves, title, levels, task.metric)
+    plot_curves(records, curves, title, task.plot_levels(), task.metric)
     print(f"written {curves}")
-    if task.spec.per_step:
+    if task.spec.output != "last":
         print(f"no attention maps: they are drawn for last-step tasks, not {task_name!r}")
         return 0
-    if not isinstance(model.core, RelationalMemory):
+    core = model.core
+    if not isinstance(core, RelationalMemory):
         print(f"no attention maps: model {config.model!r} has no attention")
         return 0
-    if not 0 <= args.block < model.core.config.num_blocks:
+    if not 0 <= args.block < core.config.num_blocks:
         print(
-            f"relmem plot: error: --block must be in 0..{model.core.config.num_blocks - 1}",
+            f"relmem plot: error: --block must be in 0..{core.config.num_blocks - 1}",
             file=sys.stderr,
         )
         return 2
     held_out = task.held_out(torch.device("cpu"))
     logits, _ = model(held_out.inputs[: args.examples])
-    k = task.spec.output_size
-    for i in range(min(args.examples, held_out.targets.shape[0])):
-        maps = attention_maps(model, held_out.inputs[i], args.block)
+    for i in range(min(args.examples, held_out.size)):
+        maps = attention_maps(core, held_out.inputs[i], args.block)
         target, guess = int(held_out.targets[i]), int(logits[i].argmax())
         group = "" if held_out.groups is None else f", {task.group_name.split(' (')[0]} "
         group += "" if held_out.groups is None else str(int(held_out.groups[i]))
@@ -205,11 +193,7 @@ def main(argv: list[str]) -> int:
             f"held-out example {i}{group}: label {target}, predicted {guess}; "
             f"block {args.block}, step {ckpt.name}"
         )
-        rows = (
-            _describe_rows(held_out.inputs[i], config.task.num_features, k)
-            if task_name == "nth-farthest"
-            else [f"row {t}" for t in range(maps.shape[0])]
-        )
+        rows = task.step_labels(held_out.inputs[i])
         path = out / f"attention_example_{i}.png"
         plot_attention(maps, path, title, rows)
         print(f"written {path}")

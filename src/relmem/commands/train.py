@@ -12,10 +12,7 @@ import sys
 
 import tyro
 
-import relmem.models  # noqa: F401 - registers the models
-import relmem.tasks  # noqa: F401 - registers the tasks
-from relmem.presets import PRESETS, get_preset
-from relmem.tasks.base import get_task, list_tasks
+from relmem.tasks.registry import default_preset, get_preset, get_task, list_presets, list_tasks
 from relmem.train.checkpoint import CheckpointError, resolve_checkpoint
 from relmem.train.config import TrainConfig
 from relmem.train.loop import run
@@ -52,8 +49,8 @@ def parse(argv: list[str]) -> tuple[str, TrainConfig]:
         _, default = load_run_config(ckpt.parent.parent)
         default.resume = ckpt
     else:
-        default = get_preset(task_name, known.preset or entry.default_preset)
-    presets = ", ".join(PRESETS.get(task_name, {}))
+        default = get_preset(task_name, known.preset or default_preset(task_name).name)
+    presets = ", ".join(f"{p.name} ({p.library_name})" for p in list_presets(task_name))
     config = tyro.cli(
         TrainConfig[entry.config_cls],
         args=rest,
@@ -61,8 +58,8 @@ def parse(argv: list[str]) -> tuple[str, TrainConfig]:
         prog=f"relmem train {task_name}",
         description=(
             f"Train a model on {task_name}. --preset NAME picks the base config ({presets}; "
-            f"default: the CPU preset); --resume RUN_DIR continues a run with its own config. "
-            "The options below override either."
+            f"default: {default_preset(task_name).name}); --resume RUN_DIR continues a run "
+            "with its own config. The options below override either."
         ),
     )
     return task_name, config

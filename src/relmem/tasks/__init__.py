@@ -1,30 +1,31 @@
-"""Training tasks: a generic :class:`Task` interface, a registry and the paper's tasks."""
+"""Training tasks: the :class:`Task` contract, the task and preset registries, the paper's tasks.
 
-from relmem.tasks.base import (
-    Batch,
-    MetricSpec,
-    Task,
-    TaskSpec,
-    get_task,
-    list_tasks,
-    register_task,
-)
-from relmem.tasks.copy_tasks import (
+Importing this package registers every task below and its presets.
+"""
+
+from relmem.tasks.associative_recall import (
     AssociativeRecall,
-    RepeatCopy,
-    TaskBatch,
-    bit_errors,
-    copy_task,
-    masked_sigmoid_cross_entropy,
-)
-from relmem.tasks.memory_tasks import (
     AssociativeRecallConfig,
     AssociativeRecallTask,
+)
+from relmem.tasks.base import Batch, Measure, MetricSpec, Task, TaskSpec
+from relmem.tasks.bits import TaskBatch, bit_errors, masked_sigmoid_cross_entropy
+from relmem.tasks.nth_farthest import NthFarthest, NthFarthestConfig, generate
+from relmem.tasks.registry import (
+    get_preset,
+    get_task,
+    list_presets,
+    list_tasks,
+    register_preset,
+    register_task,
+)
+from relmem.tasks.repeat_copy import (
     CopyConfig,
+    RepeatCopy,
     RepeatCopyConfig,
     RepeatCopyTask,
+    copy_task,
 )
-from relmem.tasks.nth_farthest import NthFarthest, NthFarthestConfig, generate
 
 __all__ = [
     "AssociativeRecall",
@@ -32,6 +33,7 @@ __all__ = [
     "AssociativeRecallTask",
     "Batch",
     "CopyConfig",
+    "Measure",
     "MetricSpec",
     "NthFarthest",
     "NthFarthestConfig",
@@ -44,8 +46,11 @@ __all__ = [
     "bit_errors",
     "copy_task",
     "generate",
+    "get_preset",
     "get_task",
+    "list_presets",
     "list_tasks",
     "masked_sigmoid_cross_entropy",
+    "register_preset",
     "register_task",
 ]

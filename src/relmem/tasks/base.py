@@ -1,27 +1,50 @@
-"""The interface every training task implements, and the task registry.
+"""The contract every training task implements.
 
-A task is a plain object built from its config dataclass. The training loop only ever calls the
-methods of :class:`Task`, so a new task (copy, repeat-copy, Learning to Execute, ...) joins the
-trainer by implementing them and calling :func:`register_task`. Its :class:`TaskSpec` says
-whether the models emit one output per sequence (classification, ``logits [B, C]``) or one per
-step (``logits [B, T, O]``), and its :class:`MetricSpec` names the metric the trainer reports.
+A task is a :class:`Task` built from its config dataclass. The trainer only ever calls the
+methods below, so a new task (copy, Learning to Execute, language modelling, ...) joins by
+subclassing :class:`Task` and registering a builder (:mod:`relmem.tasks.registry`). Its
+:class:`TaskSpec` tells the model builder the shapes, the input encoding and the head; its
+:class:`MetricSpec` names the metric the trainer reports.
 
-Data is a pure function of ``(seed, step)``: :func:`step_generator` derives a fresh
-``torch.Generator`` on the training device for every step, so a resumed run sees exactly the
-batches an uninterrupted one would, with no generator state to carry around.
+- **Data** is a pure function of ``(seed, step)``: :func:`step_generator` derives a fresh
+  ``torch.Generator`` for every step, and :meth:`Task.sample` also receives the step, so a
+  curriculum (a distribution that moves with training) lives in its task and a resumed run sees
+  exactly the batches an uninterrupted one would.
+- **Metrics** are sums and counts (:class:`Measure`): :meth:`Task.measure` returns, per example,
+  the sum of a quantity and its weight, so the trainer reduces any metric exactly across
+  batches, chunks, groups and processes (token-weighted perplexity: the row's summed NLL over
+  its token count). The loss the trainer back-propagates is ``total.sum() / count.sum()`` of
+  ``measure(...)['loss']``.
+- **Stateful** tasks (``stateful = True``: a stream cut into windows of ``spec.seq_len`` steps)
+  get the model's recurrent state carried from one batch to the next, detached at each boundary
+  (truncated back-propagation through time); window ``step`` of a row continues window
+  ``step - 1`` of the same row. Their held-out set is one long :class:`Batch` that evaluation
+  walks in windows, carrying the state across the whole split.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from relmem.models.spec import TaskSpec
+
+__all__ = [
+    "ACCURACY",
+    "BIT_ERRORS",
+    "Batch",
+    "Measure",
+    "MetricSpec",
+    "Task",
+    "TaskSpec",
+    "derive_seed",
+    "step_generator",
+]
 
 _MASK64 = (1 << 64) - 1
 
@@ -55,9 +78,9 @@ class Batch(NamedTuple):
     three fields; a per-step task (copy, repeat copy, ...) also gives ``mask`` and ``lengths``.
 
     Attributes:
-        inputs: ``[B, T, F]`` float32 model inputs.
-        targets: ``[B]`` int64 class labels (last-step tasks) or ``[B, T, O]`` float targets
-            (per-step tasks).
+        inputs: ``[B, T, F]`` float32 model inputs (``[B, T]`` int64 ids for token encodings).
+        targets: ``[B]`` int64 class labels (last-step tasks) or ``[B, T, O]`` per-step
+            targets.
         groups: ``[B]`` int64 group ids in ``0..num_groups-1`` for per-group metrics (Nth
             Farthest: the rank of the asked-for object in the reference's ascending distance
             order), or None.
@@ -71,6 +94,11 @@ class Batch(NamedTuple):
     mask: Tensor | None = None
     lengths: Tensor | None = None
 
+    @property
+    def size(self) -> int:
+        """B, the number of sequences (rows)."""
+        return self.inputs.shape[0]
+
     def select(self, rows: Tensor | slice) -> Batch:
         """The examples ``rows`` of every field, with padding beyond their longest one removed.
 
@@ -80,19 +108,54 @@ class Batch(NamedTuple):
         picked = Batch(*(None if t is None else t[rows] for t in self))
         if picked.lengths is None:
             return picked
-        steps = int(picked.lengths.max())
-        targets = picked.targets[:, :steps] if picked.targets.dim() > 1 else picked.targets
-        mask = None if picked.mask is None else picked.mask[:, :steps]
-        return picked._replace(inputs=picked.inputs[:, :steps], targets=targets, mask=mask)
+        return picked.window(0, int(picked.lengths.max()))
+
+    def window(self, start: int, stop: int) -> Batch:
+        """Steps ``start..stop-1`` of every per-step field (``lengths`` clipped to the window).
+
+        Used to walk a stateful task's long held-out rows in windows of ``spec.seq_len``.
+        """
+
+        def steps(t: Tensor | None) -> Tensor | None:
+            return t[:, start:stop] if t is not None and t.dim() > 1 else t
+
+        lengths = None if self.lengths is None else (self.lengths - start).clamp(0, stop - start)
+        return Batch(
+            steps(self.inputs), steps(self.targets), self.groups, steps(self.mask), lengths
+        )
 
     def to(self, device: torch.device) -> Batch:
         """Every field moved to ``device``."""
         return Batch(*(None if t is None else t.to(device) for t in self))
 
 
+class Measure(NamedTuple):
+    """A metric as per-example sums and weights; its value over any set of rows is
+    ``total.sum() / count.sum()``.
+
+    Attributes:
+        total: ``[B]`` float, the summed quantity of each example (its loss, wrong bits,
+            correct predictions, summed token NLL, ...).
+        count: ``[B]`` float, what ``total`` is a sum over (1 per sequence for per-sequence
+            means; the number of scored tokens for token-weighted ones).
+    """
+
+    total: Tensor
+    count: Tensor
+
+    @staticmethod
+    def per_example(values: Tensor) -> Measure:
+        """A per-sequence mean: ``total = values [B]``, ``count = 1``."""
+        return Measure(values, torch.ones_like(values))
+
+    def value(self) -> Tensor:
+        """The scalar ``total.sum() / count.sum()``."""
+        return self.total.sum() / self.count.sum()
+
+
 @dataclass(frozen=True)
 class MetricSpec:
-    """A task's primary metric, a key of :meth:`Task.metrics`.
+    """A task's primary metric, a key of :meth:`Task.measure`.
 
     The trainer shows it in the progress bar and the summary, breaks it down by group and keeps
     its best value on fresh batches.
@@ -127,76 +190,69 @@ ACCURACY = MetricSpec("accuracy", True, "accuracy", "acc", percent=True)
 BIT_ERRORS = MetricSpec("bit_errors", False, "bit errors per sequence", "bits")
 
 
-class Task(Protocol):
+class Task(ABC):
     """A task the generic trainer can run.
 
+    Subclasses set ``spec`` and ``metric`` (usually in ``__init__``) and implement
+    :meth:`sample`, :meth:`held_out` and :meth:`measure`; the rest has defaults.
+
     Attributes:
-        spec: what the models need: sizes, and whether the output is per step.
-        metric: the primary metric (a key of :meth:`metrics`) and its direction.
+        spec: what the models need: sizes, input encoding and head.
+        metric: the primary metric (a key of :meth:`measure`) and its direction.
+        stateful: carry the model's state across batches (and across the held-out windows),
+            detached at each boundary.
         group_name: what ``Batch.groups`` means, for eval tables.
-        num_groups: the group ids lie in ``0..num_groups-1``.
+        num_groups: the group ids lie in ``0..num_groups-1`` (0: the task has no groups).
     """
 
     spec: TaskSpec
     metric: MetricSpec
-    group_name: str
-    num_groups: int
+    stateful: bool = False
+    group_name: str = "group"
+    num_groups: int = 0
 
-    def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
-        """Draw a fresh batch on ``generator.device``."""
-        ...
+    @abstractmethod
+    def sample(self, batch_size: int, generator: torch.Generator, step: int = 0) -> Batch:
+        """The batch of training step ``step``, drawn on ``generator.device``.
 
+        Args:
+            batch_size: B, the global batch (the trainer gives each process its slice).
+            generator: fresh for this step, seeded from ``(seed, stream, step)``.
+            step: optimiser steps taken so far; a curriculum reads it, a stateful task's rows
+                continue from window ``step - 1``.
+        """
+
+    @abstractmethod
     def held_out(self, device: torch.device) -> Batch:
-        """The fixed held-out set (the same on every call, rank and machine)."""
-        ...
+        """The fixed held-out set (the same on every call, rank and machine).
+
+        A stateful task's rows are ``W·seq_len`` steps long; evaluation walks them in windows.
+        """
+
+    @abstractmethod
+    def measure(self, logits: Tensor, batch: Batch) -> dict[str, Measure]:
+        """Per-example sums and weights of ``'loss'`` and of the primary metric.
+
+        Args:
+            logits: ``[B, C]`` (``spec.output == 'last'``) or ``[B, T, O]`` (per step).
+            batch: the batch the logits were computed on.
+
+        Returns:
+            ``{'loss': Measure, metric.name: Measure, ...}``, every field ``[B]``.
+        """
+
+    def loss(self, logits: Tensor, batch: Batch) -> Tensor:
+        """The training objective, the scalar ``measure(logits, batch)['loss'].value()``."""
+        return self.measure(logits, batch)["loss"].value()
 
     def group_label(self, group: int) -> str:
         """A readable name for a value of ``Batch.groups`` (eval tables)."""
-        ...
+        return f"{self.group_name} {group}"
 
-    def loss(self, logits: Tensor, batch: Batch) -> Tensor:
-        """Scalar loss of ``logits`` (``[B, C]`` or ``[B, T, O]``), a mean over the batch."""
-        ...
+    def step_labels(self, inputs: Tensor) -> list[str]:
+        """A name for each step of one sequence ``inputs [T, F]`` (attention plots' rows)."""
+        return [f"row {t}" for t in range(inputs.shape[0])]
 
-    def metrics(self, logits: Tensor, batch: Batch) -> dict[str, Tensor]:
-        """Per-example metric values, each ``[B]`` (averaged by the caller)."""
-        ...
-
-
-@dataclass(frozen=True)
-class TaskEntry:
-    """A registered task: its config dataclass, a builder and the default preset's name."""
-
-    name: str
-    config_cls: type
-    build: Callable[[Any], Task]
-    default_preset: str
-
-
-_TASKS: dict[str, TaskEntry] = {}
-
-
-def register_task(
-    name: str, config_cls: type, default_preset: str
-) -> Callable[[Callable[[Any], Task]], Callable[[Any], Task]]:
-    """Decorator registering ``build(config) -> Task`` under ``name`` (the CLI's task name)."""
-
-    def decorator(build: Callable[[Any], Task]) -> Callable[[Any], Task]:
-        if name in _TASKS:
-            raise ValueError(f"task {name!r} is already registered")
-        _TASKS[name] = TaskEntry(name, config_cls, build, default_preset)
-        return build
-
-    return decorator
-
-
-def get_task(name: str) -> TaskEntry:
-    """The registered task called ``name``; a ``KeyError`` listing the known ones otherwise."""
-    if name not in _TASKS:
-        raise KeyError(f"unknown task {name!r}; known tasks: {', '.join(sorted(_TASKS))}")
-    return _TASKS[name]
-
-
-def list_tasks() -> list[str]:
-    """Names of every registered task, sorted."""
-    return sorted(_TASKS)
+    def plot_levels(self) -> dict[str, float]:
+        """Reference values of the primary metric for plots (``{'chance 1/K = 25.0%': 0.25}``)."""
+        return {}

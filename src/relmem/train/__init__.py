@@ -1,22 +1,25 @@
-"""The generic trainer: configs, loop, checkpoints, metric logging and DDP plumbing."""
+"""The generic trainer: configs, checkpoints, metric logging, DDP plumbing and the loop.
+
+This package's namespace holds what the tasks build on (configs and checkpoints), so that a
+task module can write its presets without importing the trainer; the trainer itself is
+:func:`relmem.train.loop.run` (it imports the tasks):
+
+- :mod:`relmem.train.loop`: ``run(config, task_name)``, the cadence and the summary;
+- :mod:`relmem.train.trainer`: set-up, one optimiser step, checkpoints;
+- :mod:`relmem.train.evaluation`: held-out evaluation as (sum, count) totals;
+- :mod:`relmem.train.runs`: run directories, written and read back.
+"""
 
 from relmem.train.checkpoint import CheckpointError, load_train_state, load_weights, save_checkpoint
 from relmem.train.config import OptimConfig, TrainConfig, config_from_dict, config_to_dict
-from relmem.train.loop import RunResult, evaluate, run
-from relmem.train.runs import load_run_config, load_trained
 
 __all__ = [
     "CheckpointError",
     "OptimConfig",
-    "RunResult",
     "TrainConfig",
     "config_from_dict",
     "config_to_dict",
-    "evaluate",
-    "load_run_config",
     "load_train_state",
-    "load_trained",
     "load_weights",
-    "run",
     "save_checkpoint",
 ]

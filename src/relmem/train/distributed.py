@@ -96,3 +96,12 @@ def barrier(info: DistInfo) -> None:
     """Wait for every rank (a no-op single-process)."""
     if info.enabled:
         dist.barrier()
+
+
+def all_gather_rows(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Every rank's ``tensor [b, ...]`` concatenated in rank order, ``[world_size·b, ...]``."""
+    if not info.enabled:
+        return tensor
+    parts = [torch.empty_like(tensor) for _ in range(info.world_size)]
+    dist.all_gather(parts, tensor.contiguous())
+    return torch.cat(parts)

@@ -1,17 +1,93 @@
-"""Reading run directories back: the resolved config and the trained model."""
+"""Run directories: creating and recording them, reading their config and model back.
+
+A run directory holds ``config.json`` (the resolved :class:`TrainConfig` and the task's name),
+``run.json`` (one record per invocation: command line, versions, git SHA, device),
+``metrics.jsonl``, ``tb/``, ``checkpoints/`` and ``summary.json``.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import platform
+import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from relmem.tasks.base import Task, get_task
+import relmem
+import relmem.models as models
+from relmem.env_info import device_name, git_sha
+from relmem.tasks.base import Task
+from relmem.tasks.registry import get_task
 from relmem.train import checkpoint as ckpt_io
 from relmem.train.config import TrainConfig, config_from_dict
+from relmem.train.distributed import DistInfo
+
+
+def build_model(config: TrainConfig, task: Task) -> nn.Module:
+    """The registered model ``config.model`` for ``task``, on the CPU, seeded by ``seed``."""
+    torch.manual_seed(config.seed)
+    return models.build_model(config.model, config.model_config(), config.head, task.spec)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as indented JSON, atomically (a temporary file, then ``os.replace``)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def new_run_dir(config: TrainConfig, task_name: str, info: DistInfo) -> Path:
+    """``out_dir / run_name`` (default ``{task}-{model}-{UTC time}``), the same on every rank.
+
+    Raises:
+        FileExistsError: the directory already holds checkpoints (resume it instead).
+    """
+    name = config.run_name
+    if name is None:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+        name = f"{task_name}-{config.model}-{stamp}"
+    if info.enabled:  # every rank must agree on the (time-stamped) name
+        holder = [name]
+        dist.broadcast_object_list(holder, src=0)
+        name = holder[0]
+    run_dir = config.out_dir / name
+    if ckpt_io.list_checkpoints(run_dir):
+        raise FileExistsError(
+            f"run directory {run_dir} already holds checkpoints; pass --resume {run_dir} to "
+            "continue it, or choose another --run-name"
+        )
+    return run_dir
+
+
+def record_invocation(
+    run_dir: Path, config: TrainConfig, device: torch.device, info: DistInfo, argv: list[str] | None
+) -> None:
+    """Append this invocation (command line, versions, git SHA, device) to ``run.json``."""
+    path = run_dir / "run.json"
+    record = json.loads(path.read_text()) if path.exists() else {"invocations": []}
+    record["invocations"].append(
+        {
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "argv": list(sys.argv if argv is None else argv),
+            "resume": None if config.resume is None else str(config.resume),
+            "relmem": relmem.__version__,
+            "git_sha": git_sha(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "host": platform.node(),
+            "device": str(device),
+            "device_name": device_name(device),
+            "world_size": info.world_size,
+            "num_threads": torch.get_num_threads(),
+        }
+    )
+    write_json(path, record)
 
 
 def load_run_config(run_dir: Path) -> tuple[str, TrainConfig]:
@@ -45,8 +121,6 @@ def load_trained(
     Returns:
         ``(config, task_name, task, model in eval mode, checkpoint directory)``.
     """
-    from relmem.train.loop import build_model
-
     task_name, config = load_run_config(run_dir)
     task = get_task(task_name).build(config.task)
     ckpt = ckpt_io.resolve_checkpoint(checkpoint if checkpoint is not None else run_dir)

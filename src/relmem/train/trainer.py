@@ -1,0 +1,382 @@
+"""One training run's pieces: set-up, one optimiser step, evaluation, checkpoints, summary.
+
+:class:`Trainer` owns the model, the optimiser, the data stream and the counters; the cadence
+(when to log, evaluate, checkpoint and stop) is :func:`relmem.train.loop.run`'s.
+
+- Data: every step draws the *global* batch on the training device from a generator seeded by
+  ``(seed, step)`` and each data-parallel rank keeps its slice, so the data never depends on the
+  number of processes or on where a run was resumed (generation costs far less than a step).
+- Loss: the task's per-example ``(total, count)`` sums (:class:`~relmem.tasks.base.Measure`);
+  the objective is ``Σ total / Σ count`` over the global batch, the count all-reduced, so
+  token-weighted losses stay exact under DDP.
+- Stateful tasks: this rank's recurrent state is carried from one step to the next, detached at
+  each boundary, and saved (gathered over the ranks) in the checkpoint, so a resumed run
+  continues the same streams.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from relmem.cores.base import detach_state, map_state
+from relmem.models import count_parameters
+from relmem.tasks.base import Batch, step_generator
+from relmem.tasks.registry import get_task
+from relmem.train import checkpoint as ckpt_io
+from relmem.train.config import TrainConfig, config_to_dict
+from relmem.train.distributed import (
+    DistInfo,
+    all_gather_rows,
+    all_reduce_max,
+    all_reduce_sum,
+    barrier,
+)
+from relmem.train.evaluation import Totals, accumulator_dtype, autocast, evaluate
+from relmem.train.metrics import JsonlLogger, MetricLogger, MultiLogger, TensorBoardLogger
+from relmem.train.runs import build_model, new_run_dir, record_invocation, write_json
+
+# Independent random streams, mixed with the seed and the step (relmem.tasks.base.derive_seed).
+STREAM_TRAIN = 1
+STREAM_EVAL_BATCH = 2
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the weights became NaN or infinite."""
+
+
+def lr_multiplier(step: int, config: TrainConfig) -> float:
+    """The schedule's factor on ``optim.lr`` at ``step`` (1 for 'constant').
+
+    'paper': ``max(decay_rate ** (step / decay_steps), min_lr / lr)``, the Sonnet example's
+    continuous exponential decay with a floor (spec 1.3).
+    """
+    o = config.optim
+    if o.schedule == "constant":
+        return 1.0
+    return max(o.decay_rate ** (step / o.decay_steps), o.min_lr / o.lr)
+
+
+@dataclass
+class Progress:
+    """Counters that survive into checkpoints, and the clock."""
+
+    step: int = 0
+    elapsed_before: float = 0.0
+    best_batch: float = float("nan")
+    _started: float = 0.0
+
+    def start(self) -> None:
+        self._started = time.perf_counter()
+
+    def session(self) -> float:
+        """Seconds since this invocation started training."""
+        return time.perf_counter() - self._started
+
+    def elapsed(self) -> float:
+        """Training wall-clock seconds over every invocation of the run."""
+        return self.elapsed_before + self.session()
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What every rank agreed on after a step: a signal number (0: none) and the time limit."""
+
+    signum: int
+    time_up: bool
+
+
+def _state_leaves(state: Any) -> list[Tensor]:
+    """The tensors of a (nested) state in a fixed order; ``[]`` for None."""
+    leaves: list[Tensor] = []
+    map_state(lambda t: leaves.append(t), state)
+    return leaves
+
+
+def _state_from_leaves(template: Any, leaves: list[Tensor]) -> Any:
+    """``template``'s structure holding ``leaves`` (in :func:`_state_leaves`' order)."""
+    remaining = iter(leaves)
+    return map_state(lambda _: next(remaining), template)
+
+
+class Trainer:
+    """Everything one process needs to train ``config.model`` on ``task_name``.
+
+    Construction is the set-up: it checks the settings against the machine, opens or resumes
+    the run directory, builds the task, the model (DDP-wrapped when distributed), the optimiser
+    and the schedule, restores a checkpoint's state, and opens the metric loggers (rank 0).
+
+    Args:
+        config: the resolved configuration.
+        task_name: a registered task.
+        info: this process's place in the job.
+        device: this process's device.
+        argv: the command line to record in ``run.json`` (default ``sys.argv``).
+
+    Raises:
+        ValueError: a setting does not fit the machine (bf16 off CUDA, indivisible batch).
+        CheckpointError: ``config.resume`` names a damaged or missing checkpoint.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        task_name: str,
+        info: DistInfo,
+        device: torch.device,
+        argv: list[str] | None,
+    ) -> None:
+        if config.bf16 and device.type != "cuda":
+            raise ValueError(f"bf16 autocast needs a CUDA device; this run is on {device}")
+        if config.batch_size % info.world_size or config.eval_batch % info.world_size:
+            raise ValueError(
+                f"batch_size ({config.batch_size}) and eval_batch ({config.eval_batch}) must "
+                f"be divisible by the number of processes ({info.world_size})"
+            )
+        if config.deterministic:
+            torch.use_deterministic_algorithms(True)
+        if device.type == "cpu" and config.cpu_threads is not None:
+            torch.set_num_threads(config.cpu_threads)
+        self.config, self.task_name, self.info, self.device = config, task_name, info, device
+        self.per_rank = config.batch_size // info.world_size
+
+        resume = None if config.resume is None else ckpt_io.resolve_checkpoint(config.resume)
+        saved = None if resume is None else ckpt_io.load_train_state(resume)
+        self.run_dir = (
+            new_run_dir(config, task_name, info) if resume is None else resume.parent.parent
+        )
+
+        self.task = get_task(task_name).build(config.task)
+        self.metric = self.task.metric
+        self.model = build_model(config, self.task).to(device)
+        if resume is not None:
+            ckpt_io.load_weights(resume, self.model, device)
+        o = config.optim
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_multiplier(s, config)
+        )
+        self.progress = Progress()
+        self.state: Any = None  # the carried recurrent state of a stateful task (None: initial)
+        if saved is not None:
+            self._restore(saved)
+        self.wrapped: nn.Module = self.model
+        if info.enabled:
+            ids = [device.index] if device.type == "cuda" else None
+            self.wrapped = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+        self.config_dict = {"task_name": task_name, **config_to_dict(config)}
+        self.logger = (
+            self._open_logs(resumed=saved is not None, argv=argv) if info.is_main else None
+        )
+        self.held_out = self.task.held_out(device)
+        self.window = Totals(self.task, device)  # the training metrics since the last log line
+        self.window_steps, self.window_start = 0, time.perf_counter()
+
+    def _restore(self, saved: dict[str, Any]) -> None:
+        """Optimiser, schedule, counters, RNG and carried state from a checkpoint."""
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        self.progress = Progress(
+            step=int(saved["step"]),
+            elapsed_before=float(saved["elapsed_s"]),
+            best_batch=float(saved[f"best_batch_{self.metric.name}"]),
+        )
+        torch.set_rng_state(saved["rng"]["cpu"])
+        if self.device.type == "cuda" and saved["rng"]["cuda"]:
+            torch.cuda.set_rng_state_all(saved["rng"]["cuda"])
+        leaves = saved.get("carried_state", [])  # absent from checkpoints of stateless runs
+        if leaves:
+            rows = slice(self.info.rank * self.per_rank, (self.info.rank + 1) * self.per_rank)
+            template = self.model.initial_state(self.per_rank, self.device)
+            self.state = _state_from_leaves(template, [t[rows].to(self.device) for t in leaves])
+
+    def _open_logs(self, resumed: bool, argv: list[str] | None) -> MetricLogger:
+        """Write ``config.json`` and ``run.json``, open the metric loggers, announce the run."""
+        config, step = self.config, self.progress.step
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # overrides given with --resume (e.g. more steps) become the run's config
+        write_json(
+            self.run_dir / "config.json",
+            self.config_dict | {"resume": None} if resumed else self.config_dict,
+        )
+        record_invocation(self.run_dir, config, self.device, self.info, argv)
+        loggers: list[MetricLogger] = [
+            JsonlLogger(self.run_dir / "metrics.jsonl", resume_step=step if resumed else None)
+        ]
+        if config.tensorboard:
+            loggers.append(TensorBoardLogger(self.run_dir / "tb", purge_step=step or None))
+        logger = MultiLogger(loggers)
+        logger.log_config(self.config_dict)
+        print(
+            f"relmem: {'resuming' if resumed else 'starting'} {self.task_name} / {config.model} "
+            f"({count_parameters(self.model):,} parameters) on {self.device}"
+            + (f" x{self.info.world_size} processes" if self.info.enabled else "")
+            + f" at step {step}; run directory: {self.run_dir}",
+            flush=True,
+        )
+        return logger
+
+    def sample(self, stream: int, batch_size: int) -> Batch:
+        """The global batch of ``stream`` at the current step."""
+        config, step = self.config, self.progress.step
+        generator = step_generator(self.device, config.seed, stream, step)
+        return self.task.sample(batch_size, generator, step)
+
+    def _shard(self, batch: Batch) -> Batch:
+        """This rank's contiguous slice of a global batch."""
+        if not self.info.enabled:
+            return batch
+        rank = self.info.rank
+        return batch.select(slice(rank * self.per_rank, (rank + 1) * self.per_rank))
+
+    def step(self, signum: int, time_up: bool) -> StepOutcome:
+        """One optimiser step on this step's batch; every rank learns the others' flags.
+
+        Args:
+            signum: a signal this process received (0: none).
+            time_up: this process's time limit is up.
+
+        Raises:
+            TrainingDiverged: the loss is not finite (the update is not applied).
+        """
+        batch = self._shard(self.sample(STREAM_TRAIN, self.config.batch_size))
+        with autocast(self.device, self.config.bf16):
+            logits, state = self.wrapped(batch.inputs, self.state, lengths=batch.lengths)
+        measures = self.task.measure(logits, batch)
+        total, count = measures["loss"]
+        acc = accumulator_dtype(self.device)
+        global_count = all_reduce_sum(count.detach().sum().to(acc), self.info)
+        # DDP averages the ranks' gradients: this is Σ total / Σ count over the global batch.
+        loss = total.sum() / (global_count / self.info.world_size).to(total.dtype)
+        flags = torch.tensor([0.0, float(signum), float(time_up)], dtype=acc, device=self.device)
+        flags[0] = (~torch.isfinite(loss.detach())).to(acc)
+        nonfinite, signum_any, time_up_any = all_reduce_max(flags, self.info).tolist()
+        if nonfinite:
+            raise TrainingDiverged(f"the loss is {loss.item()} at step {self.progress.step + 1}")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.config.optim.grad_clip is not None:
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.task.stateful:
+            self.state = detach_state(state)
+        self.progress.step += 1
+        self.window_steps += 1
+        self.window.add(measures, None)
+        return StepOutcome(int(signum_any), bool(time_up_any))
+
+    def train_metrics(self) -> dict[str, float]:
+        """``train/loss``, ``train/{metric}``, ``train/lr`` and ``perf/sequences_per_s`` since
+        the last call (all ranks' sums over all ranks' counts)."""
+        means = self.window.all_reduce(self.info).means()
+        now = time.perf_counter()
+        rate = self.window_steps * self.config.batch_size / max(now - self.window_start, 1e-9)
+        self.window.reset()
+        self.window_steps, self.window_start = 0, now
+        m = self.metric.name
+        return {
+            "train/loss": means["loss"],
+            f"train/{m}": means[m],
+            "train/lr": self.scheduler.get_last_lr()[0],
+            "perf/sequences_per_s": rate,
+        }
+
+    def evaluate(self) -> dict[str, float]:
+        """The held-out metrics and this step's fresh batch (``eval/...``)."""
+        m, config = self.metric.name, self.config
+        result = evaluate(self.model, self.task, self.held_out, info=self.info, bf16=config.bf16)
+        fresh = self.sample(STREAM_EVAL_BATCH, config.eval_batch)
+        batch_value = evaluate(self.model, self.task, fresh, info=self.info, bf16=config.bf16)[m]
+        if self.metric.improves(batch_value, self.progress.best_batch):
+            self.progress.best_batch = batch_value
+        return {
+            f"eval/{m}": result[m],
+            "eval/loss": result["loss"],
+            f"eval/batch_{m}": batch_value,
+            f"eval/best_batch_{m}": self.progress.best_batch,
+            **{f"eval/{m}_group_{g}": v for g, v in result["groups"].items()},
+        }
+
+    def save(self) -> None:
+        """Checkpoint the weights and the training state (rank 0 writes; all ranks wait).
+
+        Raises:
+            TrainingDiverged: the weights are not finite.
+        """
+        if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
+            raise TrainingDiverged(f"the weights became non-finite by step {self.progress.step}")
+        carried = [all_gather_rows(t, self.info).cpu() for t in _state_leaves(self.state)]
+        if self.info.is_main:
+            progress, device = self.progress, self.device
+            train_state = {
+                "step": progress.step,
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "rng": {
+                    "cpu": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
+                },
+                "elapsed_s": progress.elapsed(),
+                f"best_batch_{self.metric.name}": progress.best_batch,
+                "carried_state": carried,
+                "task_name": self.task_name,
+                "config": json.dumps(self.config_dict),
+                "world_size": self.info.world_size,
+            }
+            ckpt_io.save_checkpoint(
+                self.run_dir,
+                progress.step,
+                self.model,
+                train_state,
+                keep=self.config.keep_checkpoints,
+            )
+        barrier(self.info)
+
+    def summary(
+        self, status: str, last_eval: dict[str, float] | None, eval_step: int
+    ) -> dict[str, Any]:
+        """The contents of ``summary.json``."""
+        m, progress = self.metric.name, self.progress
+        return {
+            "status": status,
+            "task": self.task_name,
+            "model": self.config.model,
+            "parameters": count_parameters(self.model),
+            "steps": progress.step,
+            "target_steps": self.config.steps,
+            "sequences_seen": progress.step * self.config.batch_size,
+            "wall_time_s": progress.elapsed(),
+            "device": str(self.device),
+            "world_size": self.info.world_size,
+            "held_out_size": self.held_out.size,
+            "held_out_step": eval_step,
+            "metric": m,
+            f"held_out_{m}": None if last_eval is None else last_eval[f"eval/{m}"],
+            "held_out_loss": None if last_eval is None else last_eval["eval/loss"],
+            f"best_batch_{m}": None if math.isnan(progress.best_batch) else progress.best_batch,
+            "run_dir": str(self.run_dir),
+        }
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """Write ``summary.json``, close the loggers and print the outcome (rank 0)."""
+        if self.logger is None:
+            return
+        write_json(self.run_dir / "summary.json", summary)
+        self.logger.close()
+        value = summary[f"held_out_{self.metric.name}"]
+        shown = "n/a" if value is None else self.metric.format(value)
+        print(
+            f"relmem: {summary['status']} after {self.progress.step} steps in "
+            f"{self.progress.elapsed():.0f} s; held-out {self.metric.description} {shown}; "
+            f"run directory: {self.run_dir}",
+            flush=True,
+        )
