@@ -373,7 +373,7 @@ def deferral_pays(weight_shape: tuple[int, int], rows_per_step: int, device: tor
     the bank concatenates ``rows · (in + out)`` floats per step, while per-step gradients
     accumulate an ``in · out`` product per step. Deferral pays when the bank is the smaller,
     ``rows · (in + out) < in · out``, i.e. when few rows (small batch, one slot) meet a large
-    weight (the measurements behind the rule are in ``docs/performance.md``).
+    weight (the measurements behind the rule are in ``docs/performance.md`` §4.1).
 
     Args:
         weight_shape: ``(out, in)``.
