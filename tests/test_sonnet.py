@@ -10,7 +10,7 @@ from relmem.sonnet import dump_variables, load_variables
 
 
 def sonnet_names(num_blocks: int, mlp_layers: int, gated: bool = True) -> list[str]:
-    """Creation-order names from spec section 8, written out independently of the converter."""
+    """Creation-order names from ``docs/rmc.md`` §8, written out independently of the converter."""
     names = ["linear/w", "linear/b"]
     for j in range(1, num_blocks + 1):
         names += [f"linear_{j}/w", f"linear_{j}/b"]

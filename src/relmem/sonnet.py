@@ -1,6 +1,6 @@
 """Conversion between Sonnet v1 ``RelationalMemory`` variables and relmem's RMC.
 
-Sonnet names its variables by creation order (``specs/rmc.md`` section 8)::
+Sonnet names its variables by creation order (``docs/rmc.md`` §8)::
 
     linear/w, linear/b                            input projection        [F, M], [M]
     per block j = 1..b:

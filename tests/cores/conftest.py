@@ -10,8 +10,8 @@ import torch
 def _one_thread():
     """One intra-op thread for every core test module.
 
-    The cases are tiny; on a shared 2-core machine two intra-op threads spend most of their time
-    waiting for each other (93 s against 5 s for the fast-path file, measured).
+    The cases are tiny; on a shared machine two intra-op threads spend most of their time
+    waiting for each other (the timings are in ``docs/performance.md`` §4.2).
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -1,4 +1,5 @@
-"""Every bad RMC input or constructor value raises an error naming the problem (spec 2, 12.3)."""
+"""Every bad RMC input or constructor value raises an error naming the problem
+(``docs/rmc.md`` §2, §12.3)."""
 
 from __future__ import annotations
 

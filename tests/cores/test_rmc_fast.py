@@ -1,4 +1,4 @@
-"""The fast RMC path against the reference (specs/rmc.md section 10, style.md section 4).
+"""The fast RMC path against the reference (``docs/rmc.md`` §10, style.md section 4).
 
 Each case builds one core, copies it, runs the reference and the fast path on the same input
 and initial state, draws random upstream gradients for the output and the final state, and
@@ -29,7 +29,7 @@ TOLERANCE = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 6e-2}
 
 BASE = {"input_size": 5, "mem_slots": 3, "head_size": 4, "num_heads": 2}
 
-# Every option of spec sections 2 and 9, one case each, plus shapes that switch E5/E7 on/off.
+# Every option of `docs/rmc.md` §2 and §9, one case each, plus shapes that switch E5/E7 on/off.
 CASES = {
     "default": {},
     "memory-gate": {"gate_style": "memory"},
@@ -256,7 +256,7 @@ def test_auto_is_fast_and_details_use_reference() -> None:
 
 
 def test_input_erasure_is_bitwise_on_the_fast_path() -> None:
-    """Spec 12.6 on the fast cell: forget +inf, input −inf keeps the memory bitwise."""
+    """``docs/rmc.md`` §12.6 on the fast cell: forget +inf, input −inf keeps the memory bitwise."""
     for style in ("unit", "memory"):
         cell = RelationalMemoryCell(**BASE, gate_style=style, forget_bias=math.inf,
                                     input_bias=-math.inf, implementation="fast")

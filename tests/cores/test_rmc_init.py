@@ -1,4 +1,5 @@
-"""Sonnet initialisation, reset_parameters, factory kwargs and initial_state (spec 3, 4.8, 7)."""
+"""Sonnet initialisation, reset_parameters, factory kwargs and initial_state
+(``docs/rmc.md`` §3, §4.8, §7)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def build(**extra) -> RelationalMemoryCell:
 
 
 def linears_with_fan_in(cell: RelationalMemoryCell):
-    """(name, nn.Linear, the spec-7 fan_in) for every linear layer."""
+    """(name, nn.Linear, the ``docs/rmc.md`` §7 fan_in) for every linear layer."""
     out = [("input_projection", cell.input_projection, F_IN)]
     out += [(f"blocks.{i}.qkv", b.qkv, M) for i, b in enumerate(cell.blocks)]
     out += [
@@ -173,7 +174,7 @@ def test_initial_state_sequence_module_delegates():
 
 
 def test_layer_norm_in_fp32_for_bf16():
-    """Spec 4.8: LN statistics in fp32 when the input is bf16/fp16."""
+    """``docs/rmc.md`` §4.8: LN statistics in fp32 when the input is bf16/fp16."""
     torch.manual_seed(0)
     norm = torch.nn.LayerNorm(8, eps=1e-5, dtype=torch.bfloat16)
     x32 = torch.randn(4, 8) * 30 + 1000  # large offset: bf16 statistics would be poor

@@ -1,4 +1,4 @@
-"""Sequence invariances of the RMC (spec section 5, 10 E11, 12.10; style.md sections 4-5)."""
+"""Sequence invariances of the RMC (``docs/rmc.md`` §5, §10 E11, §12.10; style.md sections 4-5)."""
 
 from __future__ import annotations
 

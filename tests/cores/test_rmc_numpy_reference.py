@@ -1,6 +1,6 @@
-"""The RMC against an independent float64 NumPy implementation of spec section 4 (spec 12.9).
+"""The RMC against an independent float64 NumPy implementation of ``docs/rmc.md`` §4 (§12.9).
 
-The NumPy code below is written from ``specs/rmc.md`` (sections 3, 4 and 9), not from
+The NumPy code below is written from ``docs/rmc.md`` (§3, §4 and §9), not from
 ``rmc.py``: it uses explicit per-head loops, TF's ``x @ w`` weight layout and no torch ops. The
 torch module's parameters (LayerNorm γ/β and every bias included) are randomised and then read
 out into NumPy arrays.
@@ -18,7 +18,7 @@ from relmem import RelationalMemoryCell
 
 
 def np_layer_norm(z, gamma, beta):
-    """Spec 4.8: per row over the last axis, biased variance, eps 1e-5."""
+    """``docs/rmc.md`` §4.8: per row over the last axis, biased variance, eps 1e-5."""
     mean = z.mean(axis=-1, keepdims=True)
     var = ((z - mean) ** 2).mean(axis=-1, keepdims=True)
     return (z - mean) / np.sqrt(var + 1e-5) * gamma + beta
@@ -74,7 +74,7 @@ def read_params(cell: RelationalMemoryCell) -> dict:
 
 
 def np_step(cfg, P, u, m, h_prev=None, mutation=None):
-    """One step of spec section 4 (and 9.1–9.4).
+    """One step of ``docs/rmc.md`` §4 (and §9.1–§9.4).
 
     Args:
         cfg: the RMCConfig (only its plain hyper-parameters are read).
@@ -322,7 +322,7 @@ def test_float32_one_and_two_steps_match_numpy(case):
     ],
 )
 def test_reference_comparison_detects_known_port_bugs(case, mutation):
-    """The comparison is sensitive: NumPy with a spec-11 pitfall no longer matches."""
+    """The comparison is sensitive: NumPy with a ``docs/rmc.md`` §11 pitfall no longer matches."""
     cell = build(case, torch.float64)
     us = inputs(cell, steps=2, batch=2, seed=7)
     got, want = run_both(cell, us, random_state(cell, 2, seed=8), mutation=mutation)

@@ -1,4 +1,5 @@
-"""RMC shapes, gradients and parameter counts (spec sections 2, 6, 12.1, 12.2, 12.4, 12.8)."""
+"""RMC shapes, gradients and parameter counts
+(``docs/rmc.md`` §2, §6, §12.1, §12.2, §12.4, §12.8)."""
 
 from __future__ import annotations
 
@@ -110,12 +111,12 @@ def test_sizes_properties():
     assert core.output_size == 256
 
 
-# ---------------------------------------------------------------- spec 12.1
+# ---------------------------------------------------------------- `docs/rmc.md` §12.1
 
 
 @pytest.mark.parametrize("mode", ["vector", "matrix"])
 def test_acceptance_shapes_input_5x3x3(mode):
-    """Spec 12.1: input [5, 3, 3], N=4, D=32, H=2, in both modes."""
+    """``docs/rmc.md`` §12.1: input [5, 3, 3], N=4, D=32, H=2, in both modes."""
     torch.manual_seed(0)
     n_slots, d, h = 4, 32, 2
     u = torch.randn(5, 3, 3)
@@ -130,16 +131,16 @@ def test_acceptance_shapes_input_5x3x3(mode):
     out, state = cell(u)
     assert out.shape == (5, n_slots * h * d)
     assert state.memory.shape == (5, n_slots, h * d)
-    # The output is the new memory flattened row-major (spec 4.7).
+    # The output is the new memory flattened row-major (`docs/rmc.md` §4.7).
     torch.testing.assert_close(out, state.memory.reshape(5, -1), rtol=0, atol=0)
 
 
-# ---------------------------------------------------------------- spec 12.2
+# ---------------------------------------------------------------- `docs/rmc.md` §12.2
 
 
 @pytest.mark.parametrize("n_slots,d,h", [(2, 2, 1), (4, 4, 2), (8, 8, 3), (16, 16, 4)])
 def test_initial_state_and_two_steps(n_slots, d, h):
-    """Spec 12.2 and section 3: identity padded (M > N) or cut (M < N); two steps with b=5."""
+    """``docs/rmc.md`` §12.2 and §3: identity padded (M > N) or cut (M < N); two steps with b=5."""
     torch.manual_seed(0)
     m = h * d
     cell = RelationalMemoryCell(
@@ -168,13 +169,13 @@ def test_initial_state_reduction_when_m_lt_n():
     assert torch.equal(memory[3:], torch.zeros(2, 3))
 
 
-# ---------------------------------------------------------------- spec 12.4
+# ---------------------------------------------------------------- `docs/rmc.md` §12.4
 
 
 @pytest.mark.parametrize("gate_style,g", [("unit", 8), ("memory", 1)])
 @pytest.mark.parametrize("output_gate", [False, True], ids=["plain", "outgate"])
 def test_gate_shapes_are_batch_slots_g(gate_style, g, output_gate):
-    """Spec 12.4: gates are [B, N, g] (N=3 != H=2, unlike Sonnet's own test)."""
+    """``docs/rmc.md`` §12.4: gates are [B, N, g] (N=3 != H=2, unlike Sonnet's own test)."""
     torch.manual_seed(0)
     cell = RelationalMemoryCell(
         input_size=3,
@@ -196,7 +197,7 @@ def test_gate_shapes_are_batch_slots_g(gate_style, g, output_gate):
     for weights in details.attention:
         assert weights.shape == (5, 2, 4, 4)  # [B, H, N+n, N+n]
         torch.testing.assert_close(weights.sum(-1), torch.ones(5, 2, 4))
-    # No gate tensors are stored on the module by forward (spec 4.9).
+    # No gate tensors are stored on the module by forward (`docs/rmc.md` §4.9).
     assert not any(isinstance(v, torch.Tensor) for v in vars(cell).values())
 
 
@@ -215,11 +216,11 @@ def test_attention_details_memory_queries_shape():
     assert details.attention[0].shape == (4, 2, 3, 5)  # [B, H, N, N+n]
 
 
-# ---------------------------------------------------------------- spec 6.3 / 12.8
+# ---------------------------------------------------------------- `docs/rmc.md` §6.3 / §12.8
 
 
 def _formula(f, m_slots, h, d, k, L, b, gate, n=1, per_block_mlp=False, out_gate=False):
-    """Spec 6.2; independent of mem_slots by construction."""
+    """``docs/rmc.md`` §6.2; independent of mem_slots by construction."""
     del m_slots
     m = h * d
     q = h * (2 * k + d)
@@ -304,7 +305,7 @@ def test_parameter_count_matches_spec_table(kwargs, expected):
     cell = RelationalMemoryCell(**kwargs, device="meta")
     assert all(p.device.type == "meta" for p in cell.parameters())
     assert _count(cell) == expected
-    # The spec 6.2 formula agrees with the table.
+    # The `docs/rmc.md` §6.2 formula agrees with the table.
     h, d = kwargs["num_heads"], kwargs["head_size"]
     assert (
         _formula(
@@ -387,7 +388,7 @@ def test_trainable_gate_biases_add_scalars_only():
         )
         == base + 2
     )
-    # The constant biases are not parameters and not in the state_dict (spec 2).
+    # The constant biases are not parameters and not in the state_dict (`docs/rmc.md` §2).
     sd = RelationalMemoryCell(input_size=5, mem_slots=2, head_size=4).state_dict()
     assert not any("bias" in k and "gate_biases" in k for k in sd)
     assert "gate_biases" not in sd

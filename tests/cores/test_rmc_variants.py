@@ -1,4 +1,5 @@
-"""Gating behaviour, key size and the paper/patent variants (spec 9, 12.5-12.7, 12.11)."""
+"""Gating behaviour, key size and the paper/patent variants
+(``docs/rmc.md`` §9, §12.5-§12.7, §12.11)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def rand(*shape, seed=0):
     return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
 
-# ---------------------------------------------------------------- spec 12.5
+# ---------------------------------------------------------------- `docs/rmc.md` §12.5
 
 
 @pytest.mark.parametrize("input_rows", [None, 2], ids=["vector", "matrix2"])
@@ -49,7 +50,7 @@ def test_no_gating_changes_memory(input_rows):
     torch.testing.assert_close(out, state.memory.flatten(1), rtol=0, atol=0)
 
 
-# ---------------------------------------------------------------- spec 12.6
+# ---------------------------------------------------------------- `docs/rmc.md` §12.6
 
 
 @pytest.mark.parametrize("gate_style", ["unit", "memory"])
@@ -88,7 +89,7 @@ def test_input_erasure_is_bitwise(gate_style, trainable, input_rows):
     assert torch.equal(final.memory, core.initial_state(2).memory)
 
 
-# ---------------------------------------------------------------- spec 12.7
+# ---------------------------------------------------------------- `docs/rmc.md` §12.7
 
 
 @pytest.mark.parametrize("query_rows", ["all", "memory"])
@@ -111,7 +112,7 @@ def test_key_size_differs_from_head_size(query_rows):
     assert all(p.grad is not None for p in cell.parameters())
 
 
-# ---------------------------------------------------------------- spec 9.1
+# ---------------------------------------------------------------- `docs/rmc.md` §9.1
 
 
 def _pair(extra_a, extra_b, seed=0, **common):
@@ -148,7 +149,7 @@ def test_query_rows_memory_differs_with_two_blocks(input_rows):
     assert (out_a - out_b).abs().max() > 1e-3
 
 
-# ---------------------------------------------------------------- spec 9.3
+# ---------------------------------------------------------------- `docs/rmc.md` §9.3
 
 
 def test_own_mlp_equals_default_with_one_block():
@@ -188,7 +189,7 @@ def test_shared_mlp_is_one_module_with_distinct_layers():
     assert len({id(block.qkv.weight) for block in cell.blocks}) == 3
 
 
-# ---------------------------------------------------------------- spec 9.2
+# ---------------------------------------------------------------- `docs/rmc.md` §9.2
 
 
 def _copy_gates_into_output_gate_model(default, gated):
@@ -251,7 +252,7 @@ def test_output_gate_changes_output_and_uses_hidden_state():
     assert (other.memory - state.memory).abs().max() > 1e-6
 
 
-# ---------------------------------------------------------------- spec 9.4 and section 2
+# ---------------------------------------------------------------- `docs/rmc.md` §9.4 and §2
 
 
 @pytest.mark.parametrize("output_gate", [False, True], ids=["plain", "outgate"])

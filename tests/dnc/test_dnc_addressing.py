@@ -1,6 +1,6 @@
 """The pure addressing functions against hand-computed values, properties and gradcheck.
 
-Ports the assertions of ``deepmind/dnc`` ``addressing_test.py`` (spec section 16.1–16.2).
+Ports the assertions of ``deepmind/dnc`` ``addressing_test.py`` (``docs/dnc.md`` §16.1–§16.2).
 """
 
 from __future__ import annotations

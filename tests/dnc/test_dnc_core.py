@@ -1,4 +1,4 @@
-"""DNCCell / DNC: invariances, nn.LSTM-shaped API, regressions of spec 16.3, errors."""
+"""DNCCell / DNC: invariances, nn.LSTM-shaped API, regressions of ``docs/dnc.md`` §16.3, errors."""
 
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ def test_split_interface_squashing_and_read_mode_order():
 
 
 def reference_step(memory: DNCMemory, xi: torch.Tensor, s: DNCMemoryState) -> DNCMemoryState:
-    """Spec section 2 written out for Wh = 1 with the addressing functions (paper mode)."""
+    """``docs/dnc.md`` §2 written out for Wh = 1 with the addressing functions (paper mode)."""
     p = memory.split_interface(xi)
     psi = A.retention(p.free_gates, s.read_weights)
     usage = A.update_usage(s.usage, s.write_weights, psi)

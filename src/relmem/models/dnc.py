@@ -18,7 +18,7 @@ from relmem.validation import check_at_least, check_choice
 @dataclass
 class DNCModelConfig:
     """DNC settings (see :class:`relmem.cores.dnc.DNC`); the defaults are ``deepmind/dnc``
-    ``train.py``'s repeat-copy model (``specs/dnc.md`` section 14).
+    ``train.py``'s repeat-copy model (``docs/dnc.md`` §14).
 
     Attributes:
         hidden_size: Hc, units per LSTM controller layer.
@@ -30,7 +30,7 @@ class DNCModelConfig:
         clip_value: clip the controller output and state and the DNC output to ±value; 0
             disables it (deepmind: 20).
         compat: 'paper' (Graves et al. 2016) or 'deepmind' (``deepmind/dnc``'s interface
-            activations, initialisation and forget bias; ``specs/dnc.md`` 3.3).
+            activations, initialisation and forget bias; ``docs/dnc.md`` §3.3).
     """
 
     hidden_size: int = 64

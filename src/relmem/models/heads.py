@@ -78,7 +78,7 @@ def last_valid(outputs: Tensor, lengths: Tensor | None) -> Tensor:
 class LastStepMLP(nn.Sequential):
     """``[Linear + ReLU] * len(hidden_sizes)``, then ``Linear(C)``, on the last valid output.
 
-    The paper's Nth Farthest head (``specs/tasks.md`` 1.3). For the RMC the last output is the
+    The paper's Nth Farthest head (``docs/tasks.md`` §1.3). For the RMC the last output is the
     final memory ``[B, N·M]``; for the LSTM the top layer's last hidden state.
 
     Shapes: ``outputs [B, T, H]``, ``lengths [B] | None`` -> ``logits [B, C]``.

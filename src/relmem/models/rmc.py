@@ -1,7 +1,7 @@
 """The Relational Memory Core as a trainer core (``--model rmc``).
 
 Its per-step output is the flattened memory ``[B, T, N·M]``, so a 'last' head reads the final
-memory of each sequence, as the paper's Nth Farthest model does (``specs/tasks.md`` 1.3).
+memory of each sequence, as the paper's Nth Farthest model does (``docs/tasks.md`` §1.3).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The DNC-style external memory (``specs/dnc.md``).
+"""The DNC-style external memory (``docs/dnc.md``).
 
 - :mod:`~relmem.cores.dnc.addressing`: pure tensor functions (content, usage, allocation, link).
 - :class:`DNCMemory`: interface vector in, read vectors and new memory state out.

@@ -1,4 +1,4 @@
-"""DNC addressing: content weights, usage and allocation, the temporal link (``specs/dnc.md``).
+"""DNC addressing: content weights, usage and allocation, the temporal link (``docs/dnc.md``).
 
 Every function here is a pure tensor function with no parameters, so each can be checked
 against hand-computed values and with ``torch.autograd.gradcheck``. They assume the caller has
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 EPSILON = 1e-6
-"""ε of the cosine norms, the cosine denominator and the usage clamp (spec sections 4 and 6)."""
+"""ε of the cosine norms, the cosine denominator and the usage clamp (``docs/dnc.md`` §4 and §6)."""
 
 
 def oneplus(x: Tensor) -> Tensor:
@@ -24,11 +24,11 @@ def oneplus(x: Tensor) -> Tensor:
     return 1.0 + F.softplus(x)
 
 
-# ---------------------------------------------------------------------- content (section 4)
+# ---------------------------------------------------------------- content (`docs/dnc.md` §4)
 
 
 def cosine_similarity(memory: Tensor, keys: Tensor, eps: float = EPSILON) -> Tensor:
-    """ε-guarded cosine similarity between every key and every memory row (spec section 4).
+    """ε-guarded cosine similarity between every key and every memory row (``docs/dnc.md`` §4).
 
     ``S[h, i] = (k_h · M_i) / (‖k_h‖_ε ‖M_i‖_ε + ε)`` with ``‖v‖_ε = sqrt(Σ v² + ε)``, so all-zero
     memory or keys give S = 0 and finite gradients.
@@ -50,7 +50,7 @@ def cosine_similarity(memory: Tensor, keys: Tensor, eps: float = EPSILON) -> Ten
 def content_weights(
     memory: Tensor, keys: Tensor, strengths: Tensor, eps: float = EPSILON
 ) -> Tensor:
-    """Content addressing ``C(M, k, β) = softmax_i(β · S[:, i])`` (spec section 4).
+    """Content addressing ``C(M, k, β) = softmax_i(β · S[:, i])`` (``docs/dnc.md`` §4).
 
     Args:
         memory: ``[B, N, W]``.
@@ -65,11 +65,11 @@ def content_weights(
     return torch.softmax(strengths.unsqueeze(-1) * similarity, dim=-1)
 
 
-# ---------------------------------------------------------------------- usage (section 5)
+# ---------------------------------------------------------------- usage (`docs/dnc.md` §5)
 
 
 def retention(free_gates: Tensor, prev_read_weights: Tensor) -> Tensor:
-    """The retention vector ``ψ = Π_i (1 − f_i w^r_{t−1,i})`` (spec section 5).
+    """The retention vector ``ψ = Π_i (1 − f_i w^r_{t−1,i})`` (``docs/dnc.md`` §5).
 
     Args:
         free_gates: ``[B, R]`` current free gates in [0, 1].
@@ -89,7 +89,7 @@ def update_usage(
     *,
     write_grad: bool = False,
 ) -> Tensor:
-    """``u_t = (u + ŵ − u ∘ ŵ) ∘ ψ`` with ``ŵ = 1 − Π_j (1 − w^w_{t−1,j})`` (spec section 5).
+    """``u_t = (u + ŵ − u ∘ ŵ) ∘ ψ`` with ``ŵ = 1 − Π_j (1 − w^w_{t−1,j})`` (``docs/dnc.md`` §5).
 
     Args:
         usage: ``[B, N]`` ``u_{t−1}`` in [0, 1].
@@ -108,11 +108,11 @@ def update_usage(
     return usage.clamp(0.0, 1.0)
 
 
-# ---------------------------------------------------------------------- allocation (section 6)
+# ---------------------------------------------------------------- allocation (`docs/dnc.md` §6)
 
 
 def allocation_weights(usage: Tensor, eps: float = EPSILON) -> Tensor:
-    """Dynamic allocation ``a(u)`` (spec section 6): free slots first, least used first.
+    """Dynamic allocation ``a(u)`` (``docs/dnc.md`` §6): free slots first, least used first.
 
     ``û = ε + (1−ε) u``; φ sorts û ascending (stable: ties go to the lower slot index);
     ``a[φ_j] = (1 − û[φ_j]) Π_{i<j} û[φ_i]``. The gradient flows through the sorted values; the
@@ -136,7 +136,7 @@ def allocation_weights(usage: Tensor, eps: float = EPSILON) -> Tensor:
 def write_allocation_weights(
     usage: Tensor, gates: Tensor, eps: float = EPSILON
 ) -> Tensor:
-    """Allocation for several write heads by simulated usage (``deepmind/dnc``, spec section 6).
+    """Allocation for several write heads by simulated usage (``deepmind/dnc``, ``docs/dnc.md`` §6).
 
     For j = 1..Wh: ``a_j = a(u)``, then ``u ← u + (1 − u) ∘ gates_j ∘ a_j``. The simulated usage
     is local to this call.
@@ -157,13 +157,13 @@ def write_allocation_weights(
     return torch.stack(weights, dim=1)
 
 
-# ---------------------------------------------------------------------- write (section 7)
+# ---------------------------------------------------------------- write (`docs/dnc.md` §7)
 
 
 def write_memory(
     memory: Tensor, write_weights: Tensor, erase_vectors: Tensor, write_vectors: Tensor
 ) -> Tensor:
-    """``M_t = M_{t−1} ∘ Π_j (1 − w_j e_jᵀ) + Σ_j w_j v_jᵀ`` (spec section 7).
+    """``M_t = M_{t−1} ∘ Π_j (1 − w_j e_jᵀ) + Σ_j w_j v_jᵀ`` (``docs/dnc.md`` §7).
 
     Args:
         memory: ``[B, N, W]`` ``M_{t−1}``.
@@ -180,11 +180,11 @@ def write_memory(
     return memory * keep + add
 
 
-# ---------------------------------------------------------------------- link (section 8)
+# ---------------------------------------------------------------- link (`docs/dnc.md` §8)
 
 
 def update_link(link: Tensor, precedence: Tensor, write_weights: Tensor) -> Tensor:
-    """Dense temporal link update (spec section 8), one matrix per write head.
+    """Dense temporal link update (``docs/dnc.md`` §8), one matrix per write head.
 
     ``L[i, k] ← (1 − w[i] − w[k]) L[i, k] + w[i] p[k]``, then ``L[i, i] = 0``.
 
@@ -205,7 +205,7 @@ def update_link(link: Tensor, precedence: Tensor, write_weights: Tensor) -> Tens
 
 
 def update_precedence(precedence: Tensor, write_weights: Tensor) -> Tensor:
-    """``p_t = (1 − Σ_i w[i]) p_{t−1} + w`` (spec section 8).
+    """``p_t = (1 − Σ_i w[i]) p_{t−1} + w`` (``docs/dnc.md`` §8).
 
     Args:
         precedence: ``[B, Wh, N]``.
@@ -218,7 +218,7 @@ def update_precedence(precedence: Tensor, write_weights: Tensor) -> Tensor:
 
 
 def directional_weights(link: Tensor, prev_read_weights: Tensor) -> tuple[Tensor, Tensor]:
-    """Backward and forward weightings through a dense link (spec section 8).
+    """Backward and forward weightings through a dense link (``docs/dnc.md`` §8).
 
     ``f = L w^r_{t−1}`` (``f[i] = Σ_k L[i, k] w[k]``) and ``b = Lᵀ w^r_{t−1}``.
 

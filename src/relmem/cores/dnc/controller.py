@@ -1,4 +1,4 @@
-"""Recurrent controllers for the DNC and the memory controller layer (``specs/dnc.md`` 2.2, 12).
+"""Recurrent controllers for the DNC and the memory controller layer (``docs/dnc.md`` §2.2, §12).
 
 A controller is a stack of ``nn.LSTMCell`` (or ``nn.GRUCell``) layers run one step at a time.
 Layer l receives ``[χ_t ; h^{l−1}_t]`` (the paper's deep LSTM; layer 1 receives ``χ_t``) and the

@@ -1,6 +1,6 @@
 """The Differentiable Neural Computer (Graves et al. 2016): cell and sequence module.
 
-:class:`DNCCell` runs one step of ``specs/dnc.md`` section 2: the controller reads
+:class:`DNCCell` runs one step of ``docs/dnc.md`` §2: the controller reads
 ``[x_t ; r_{t−1}]``, its output drives :class:`~relmem.cores.dnc.memory.DNCMemory`, and the
 output is ``W_y [h_t ; r_t] + b_y``. :class:`DNC` runs the cell over a sequence with the
 ``nn.LSTM`` conventions of :mod:`relmem.cores.base`.
@@ -28,7 +28,7 @@ from relmem.validation import check_float, check_int
 
 
 class DNCState(NamedTuple):
-    """The recurrent state of a DNC (spec section 1); every tensor is batch-leading.
+    """The recurrent state of a DNC (``docs/dnc.md`` §1); every tensor is batch-leading.
 
     Attributes:
         memory: ``[B, N, W]``. usage: ``[B, N]``.
@@ -102,7 +102,7 @@ def check_step_input(
 
 
 class DNCCell(nn.Module):
-    """One step of a Differentiable Neural Computer (``specs/dnc.md`` section 2).
+    """One step of a Differentiable Neural Computer (``docs/dnc.md`` §2).
 
     Args:
         input_size: X.
@@ -114,12 +114,12 @@ class DNCCell(nn.Module):
             ``[χ_t ; h^{l−1}_t]`` and the interface reads ``[h^1_t ; … ; h^L_t]``.
         compat: 'paper' (default) or 'deepmind' (softplus strengths, modes ``[b, f, c]``,
             deepmind's interface field order, Sonnet's truncated-normal init of the interface
-            and output linears, a constant +1 forget bias, ``clip_value=20``; spec 3.3). The
-            forget bias is a constant added to the pre-activation, as Sonnet does, not a
-            trainable bias initialised to 1. The interface is one linear layer over all fields,
-            the same function class as deepmind's one linear per field (concatenate their
-            weights in deepmind's field order to convert). The LSTM weights keep PyTorch's
-            initialisation in both modes.
+            and output linears, a constant +1 forget bias, ``clip_value=20``;
+            ``docs/dnc.md`` §3.3). The forget bias is a constant added to the pre-activation,
+            as Sonnet does, not a trainable bias initialised to 1. The interface is one linear
+            layer over all fields, the same function class as deepmind's one linear per field
+            (concatenate their weights in deepmind's field order to convert). The LSTM weights
+            keep PyTorch's initialisation in both modes.
         clip_value: clip the controller output, its carried state and the output to ±value;
             0 disables it. None (default) means 0 with 'paper' and 20 with 'deepmind'.
         link, link_topk, usage_write_grad, dealloc_content, key_mask, link_sharpness,
@@ -232,7 +232,7 @@ class DNCCell(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> DNCState:
-        """The all-zero state of spec section 1 (deterministic; h and c are separate tensors).
+        """The all-zero state of ``docs/dnc.md`` §1 (deterministic; h and c are separate tensors).
 
         Args:
             batch_size: B.
@@ -263,7 +263,7 @@ class DNCCell(nn.Module):
         check_step_input(type(self).__name__, input, self.input_size, device, dtype)
 
     def step(self, input: Tensor, state: DNCState) -> tuple[Tensor, DNCState]:
-        """One step on a validated input ``[B, X]`` and state: spec section 2, steps 1–9."""
+        """One step on a validated input ``[B, X]`` and state: ``docs/dnc.md`` §2.1–§2.9."""
         reads = state.read_vectors.flatten(1)  # [B, R·W], r_{t−1}
         chi = torch.cat([input, reads.to(input.dtype)], dim=-1)  # [B, X + R·W]
         hidden, controller = self.controller(chi, state.controller)  # [B, L·Hc]

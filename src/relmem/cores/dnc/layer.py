@@ -1,11 +1,11 @@
-"""MemoReader's memory controller as a drop-in sequence layer (``specs/dnc.md`` section 12).
+"""MemoReader's memory controller as a drop-in sequence layer (``docs/dnc.md`` §12).
 
 For token encodings ``d_1..d_T`` (width ``d_model``):
 
     x_t = pre_encoder(d)_t                  (d_t itself without a pre-encoder)
     z_t = [x_t ; r_{t−1}]
     h_t = RNN(z_t, h_{t−1})                 forward GRU/LSTM, hidden d_model; drives the memory
-    r_t = DNCMemory(h_t)                    paper mode, one write head (spec sections 4–9)
+    r_t = DNCMemory(h_t)                    paper mode, one write head (docs/dnc.md §4–§9)
     v_t = W_h h_t + W_m flatten(r_t) + b    size d_model (2·d_model when bidirectional)
     o_t = ReLU(W_v v_t + b_v + d_t)         residual back to the layer input
 
@@ -152,7 +152,7 @@ class MemoryControllerLayer(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> DNCState:
-        """All zeros: the memory of spec section 1 and the forward controller's state."""
+        """All zeros: the memory of ``docs/dnc.md`` §1 and the forward controller's state."""
         memory = self.memory.initial_state(batch_size, device=device, dtype=dtype)
         controller = self.controller.initial_state(
             batch_size, device=memory.memory.device, dtype=memory.memory.dtype

@@ -1,8 +1,8 @@
 """The DNC memory access module: interface vector in, read vectors and new memory state out.
 
-One call of :class:`DNCMemory` performs spec steps 3–8 (``specs/dnc.md`` section 2): split and
-squash the interface vector, update usage, compute the write weights, erase and add, update
-the link and precedence, and read. All of it runs in float32 (float64 for float64 modules),
+One call of :class:`DNCMemory` performs steps 3–8 of ``docs/dnc.md`` §2 (§2.3–§2.8): split
+and squash the interface vector, update usage, compute the write weights, erase and add,
+update the link and precedence, and read. All of it runs in float32 (float64 for float64 modules),
 also under autocast; the new state is cast back to the state's dtype.
 
 Notation: B batch, N ``memory_size``, W ``word_size``, R ``num_read_heads``, Wh
@@ -27,7 +27,7 @@ LinkKind = Literal["dense", "sparse", "none"]
 
 
 class DNCMemoryState(NamedTuple):
-    """The state of the external memory (spec section 1). Every field is batch-leading.
+    """The state of the external memory (``docs/dnc.md`` §1). Every field is batch-leading.
 
     Attributes:
         memory: ``[B, N, W]`` ``M_t``.
@@ -53,7 +53,7 @@ class DNCMemoryState(NamedTuple):
 
 
 class Interface(NamedTuple):
-    """The squashed interface fields of one step (spec section 3.1).
+    """The squashed interface fields of one step (``docs/dnc.md`` §3.1).
 
     Attributes:
         read_keys: ``[B, R, W]``. read_strengths: ``[B, R]``.
@@ -84,7 +84,7 @@ class Interface(NamedTuple):
 
 @dataclass(frozen=True)
 class InterfaceLayout:
-    """Where each field lives in the interface vector ξ (spec sections 3.1–3.3).
+    """Where each field lives in the interface vector ξ (``docs/dnc.md`` §3.1–§3.3).
 
     Attributes:
         fields: ``(name, size)`` in the order of ξ.
@@ -168,7 +168,7 @@ def interface_layout(
 
 
 class DNCMemory(nn.Module):
-    """DNC memory access (spec sections 3–9): one interface vector in, reads and state out.
+    """DNC memory access (``docs/dnc.md`` §3–§9): one interface vector in, reads and state out.
 
     Args:
         input_size: size of the vector the interface is computed from (the controller output);
@@ -181,7 +181,7 @@ class DNCMemory(nn.Module):
         num_write_heads: Wh (the paper has 1). Default 1.
         compat: 'paper' (oneplus strengths, modes ``[b, c, f]``, one ``W_ξ`` with PyTorch's
             init) or 'deepmind' (softplus strengths, modes ``[b…, f…, c]``, deepmind's field
-            order, Sonnet's truncated-normal init of ``W_ξ``; spec 3.3).
+            order, Sonnet's truncated-normal init of ``W_ξ``; ``docs/dnc.md`` §3.3).
         link: 'dense' (default), 'sparse' (each link row keeps its ``link_topk`` largest
             entries, state and compute linear in N) or 'none' (content-only reads, no link or
             precedence state).
@@ -296,7 +296,8 @@ class DNCMemory(nn.Module):
 
     @property
     def interface_size(self) -> int:
-        """The size of the interface vector ξ (spec 3.1: R·W + 3·Wh·W + R·(3 + 2·Wh) + 3·Wh)."""
+        """The size of the interface vector ξ (``docs/dnc.md`` §3.1:
+        R·W + 3·Wh·W + R·(3 + 2·Wh) + 3·Wh)."""
         return self.layout.size
 
     @property
@@ -336,7 +337,7 @@ class DNCMemory(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> DNCMemoryState:
-        """All-zero state (spec section 1); the sparse link's columns start at ``0..K−1``.
+        """All-zero state (``docs/dnc.md`` §1); the sparse link's columns start at ``0..K−1``.
 
         Args:
             batch_size: B.
@@ -419,7 +420,7 @@ class DNCMemory(nn.Module):
     # ------------------------------------------------------------------ interface
 
     def split_interface(self, interface: Tensor) -> Interface:
-        """Split and squash a raw interface vector (spec section 3).
+        """Split and squash a raw interface vector (``docs/dnc.md`` §3).
 
         Args:
             interface: ``[B, interface_size]`` raw ξ (float32/float64).
@@ -481,7 +482,8 @@ class DNCMemory(nn.Module):
     # ------------------------------------------------------------------ the step
 
     def step(self, interface: Tensor, state: DNCMemoryState) -> DNCMemoryState:
-        """One memory step (spec 2.3–2.8) on a raw interface vector and a validated state.
+        """One memory step (``docs/dnc.md`` §2.3–§2.8) on a raw interface vector and a validated
+        state.
 
         Args:
             interface: ``[B, interface_size]`` raw ξ, in any floating dtype.

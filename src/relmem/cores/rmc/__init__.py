@@ -1,10 +1,10 @@
 """The Relational Memory Core (Santoro et al. 2018).
 
 Modules import one way: :mod:`~relmem.cores.rmc.config` (configuration, state, step details;
-no modules) is read by :mod:`~relmem.cores.rmc.reference` (the spec's step, the oracle) and
-:mod:`~relmem.cores.rmc.fast` (the fast path over the weights as data, its plan, cost and
-FLOP models); :mod:`~relmem.cores.rmc.module` (the ``nn.Module``s that own the parameters)
-reads both and dispatches on ``implementation``.
+no modules) is read by :mod:`~relmem.cores.rmc.reference` (the step of ``docs/rmc.md`` §4,
+the oracle) and :mod:`~relmem.cores.rmc.fast` (the fast path over the weights as data, its
+plan, cost and FLOP models); :mod:`~relmem.cores.rmc.module` (the ``nn.Module``s that own
+the parameters) reads both and dispatches on ``implementation``.
 """
 
 from relmem.cores.rmc.config import (

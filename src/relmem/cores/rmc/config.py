@@ -1,6 +1,6 @@
 """The Relational Memory Core's configuration, state and step details: plain data, no modules.
 
-Notation (spec section 1): B batch, T time, N ``mem_slots``, H ``num_heads``, D ``head_size``,
+Notation (``docs/rmc.md`` §1): B batch, T time, N ``mem_slots``, H ``num_heads``, D ``head_size``,
 K ``key_size``, M = H·D the slot width, Q = H·(2K + D) the qkv width, n input rows per step,
 F input features (per row in matrix mode), g the gate width (M for 'unit', 1 for 'memory').
 """
@@ -32,7 +32,7 @@ class RMCState(NamedTuple):
 
     Attributes:
         memory: ``[B, N, M]`` the memory matrix ``m_t``.
-        hidden: ``[B, N, M]`` the output-gated ``h_t`` (spec 9.2), present only when
+        hidden: ``[B, N, M]`` the output-gated ``h_t`` (``docs/rmc.md`` §9.2), present only when
             ``output_gate=True``; otherwise None.
     """
 
@@ -41,7 +41,7 @@ class RMCState(NamedTuple):
 
 
 class RMCStepDetails(NamedTuple):
-    """Introspection for one step, returned with ``return_details=True`` (spec 4.9).
+    """Introspection for one step, returned with ``return_details=True`` (``docs/rmc.md`` §4.9).
 
     Attributes:
         input_gate: ``[B, N, g]`` σ(i + input_bias), or None when ``gate_style=None``.
@@ -60,7 +60,7 @@ class RMCStepDetails(NamedTuple):
 
 @dataclass(frozen=True)
 class RMCConfig:
-    """Every hyper-parameter of a Relational Memory Core (spec sections 2 and 9).
+    """Every hyper-parameter of a Relational Memory Core (``docs/rmc.md`` §2 and §9).
 
     The modules' constructors take these same arguments, in this order (``input_size`` to
     ``input_rows`` positionally, the rest by keyword), and their docstrings repeat this list.
@@ -83,7 +83,7 @@ class RMCConfig:
         input_rows: None for vector mode, or n >= 1 for matrix mode with n input rows per step.
         query_rows: 'all' (Sonnet, default) or 'memory' (paper eq. 2: only memory rows query).
         output_gate: the paper's LSTM form (eqs. 3–9): the state becomes ``(memory, hidden)``
-            and the output is ``flatten(σ(o) ∘ tanh(m_t))`` (spec 9.2). Default False.
+            and the output is ``flatten(σ(o) ∘ tanh(m_t))`` (``docs/rmc.md`` §9.2). Default False.
         output_bias: constant added to the output gate's pre-activation. Default 0.0.
         share_attention_mlp: one MLP for all blocks (Sonnet, default) or one per block.
         trainable_gate_biases: make the gate bias constants learnable scalars. Default False.

@@ -1,6 +1,6 @@
 """The fast Relational Memory Core path: the reference's function, computed with fewer ops.
 
-Every transformation here is one of the exact equivalences of ``specs/rmc.md`` section 10; the
+Every transformation here is one of the exact equivalences of ``docs/rmc.md`` §10; the
 reference (:func:`relmem.cores.rmc.reference.reference_step` inside
 :func:`relmem.cores.base.run_cell_loop`) is the test oracle (``tests/cores/test_rmc_fast.py``).
 The fast path takes the parameters as data, an :class:`RMCWeights` (from
@@ -29,9 +29,9 @@ configuration uses) and its FLOP model, :func:`fast_path_products` and :func:`st
 The opt-in accelerations (``torch.compile``, CUDA graphs, bf16 matmuls) are
 ``FastRelationalMemory``'s, in :mod:`relmem.cores.rmc.module`.
 
-Every option of spec section 9 goes through the fast route; nothing falls back silently.
+Every option of ``docs/rmc.md`` §9 goes through the fast route; nothing falls back silently.
 
-Shapes follow spec section 1: B batch, T time, N slots, n input rows, F input features,
+Shapes follow ``docs/rmc.md`` §1: B batch, T time, N slots, n input rows, F input features,
 M = H·D, Q = H·(2K + D), W = (2 or 3)·g gate columns.
 """
 
@@ -94,7 +94,7 @@ class _StepWeights(NamedTuple):
 
 
 def fast_path_plan(config: RMCConfig, sequence: bool = True) -> list[str]:
-    """The spec section 10 equivalences the fast path applies to ``config``.
+    """The ``docs/rmc.md`` §10 equivalences the fast path applies to ``config``.
 
     Args:
         config: the core's configuration.
@@ -142,7 +142,7 @@ def _step_weights(config: RMCConfig, weights: RMCWeights) -> _StepWeights:
 
 
 def _layer_norm(x: Tensor, params: tuple[Tensor, Tensor]) -> Tensor:
-    """Row-wise LayerNorm over the last axis (spec 4.8)."""
+    """Row-wise LayerNorm over the last axis (``docs/rmc.md`` §4.8)."""
     return F.layer_norm(x, x.shape[-1:], params[0], params[1], _EPS)
 
 
@@ -373,7 +373,7 @@ def deferral_pays(weight_shape: tuple[int, int], rows_per_step: int, device: tor
     the bank concatenates ``rows · (in + out)`` floats per step, while per-step gradients
     accumulate an ``in · out`` product per step. Deferral pays when the bank is the smaller,
     ``rows · (in + out) < in · out``, i.e. when few rows (small batch, one slot) meet a large
-    weight (the measurements behind the rule are in ``docs/performance.md``).
+    weight (the measurements behind the rule are in ``docs/performance.md`` §4.1).
 
     Args:
         weight_shape: ``(out, in)``.

@@ -94,14 +94,14 @@ def _document_arguments(cls: type) -> type:
 
 
 def _truncated_normal_(weight: Tensor, fan_in: int) -> None:
-    """Sonnet's initialiser: N(0, 1/fan_in) re-drawn outside ±2σ (spec section 7)."""
+    """Sonnet's initialiser: N(0, 1/fan_in) re-drawn outside ±2σ (``docs/rmc.md`` §7)."""
     std = 1.0 / math.sqrt(fan_in)
     nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-2 * std, b=2 * std)
 
 
 @_document_arguments
 class RelationalMemoryCell(nn.Module):
-    """One time step of the Relational Memory Core (``specs/rmc.md`` section 4).
+    """One time step of the Relational Memory Core (``docs/rmc.md`` §4).
 
     The memory is a matrix of N slots of width M = H·D. At each step the input is projected to
     M features, appended to the memory as extra rows, and ``num_blocks`` times the rows attend
@@ -115,8 +115,8 @@ class RelationalMemoryCell(nn.Module):
 
     Args:
         <RMCConfig arguments>
-        implementation: 'reference' (the plain step of spec section 4), 'fast' (the same
-            function with the exact rewrites of spec section 10 that apply to one step: E4,
+        implementation: 'reference' (the plain step of ``docs/rmc.md`` §4), 'fast' (the same
+            function with the exact rewrites of ``docs/rmc.md`` §10 that apply to one step: E4,
             E5, E6, E7; see :mod:`relmem.cores.rmc.fast`) or 'auto' (default: 'fast', except
             for ``return_details=True``, which needs every row's attention weights and always
             runs the reference).
@@ -174,7 +174,8 @@ class RelationalMemoryCell(nn.Module):
     # ------------------------------------------------------------------ parameters
 
     def reset_parameters(self) -> None:
-        """Sonnet's initialisation (spec 7): truncated normal weights, zero biases, LN γ=1, β=0."""
+        """Sonnet's initialisation (``docs/rmc.md`` §7): truncated normal weights, zero biases,
+        LN γ=1, β=0."""
         linears = [self.input_projection, *(b.qkv for b in self.blocks)]
         linears += [layer for mlp in self.mlps for layer in mlp.layers]
         linears += [g for g in (self.input_gate, self.memory_gate) if g is not None]
@@ -262,7 +263,7 @@ class RelationalMemoryCell(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> RMCState:
-        """The identity initial memory of spec section 3.
+        """The identity initial memory of ``docs/rmc.md`` §3.
 
         ``m0[b, i, j] = 1 if i == j else 0`` for i < N, j < M: the N×N identity padded with zero
         columns when M > N, or cut to M columns when M < N. With ``output_gate=True`` the hidden
@@ -366,7 +367,8 @@ class RelationalMemoryCell(nn.Module):
     # ------------------------------------------------------------------ the step
 
     def step(self, rows: Tensor, state: RMCState) -> tuple[Tensor, RMCState, RMCStepDetails]:
-        """The reference step on validated inputs (:func:`reference_step`, spec 4.1–4.7).
+        """The reference step on validated inputs (:func:`reference_step`,
+        ``docs/rmc.md`` §4.1–§4.7).
 
         Args:
             rows: ``[B, n, F]`` the step input, already validated.
@@ -420,7 +422,7 @@ class RelationalMemory(nn.Module):
             (default False, as ``nn.LSTM``). The state is batch-leading either way.
         implementation: 'reference' (the plain time loop over ``cell.step``, the test oracle),
             'fast' (:func:`relmem.cores.rmc.fast.fast_sequence`: input-only work hoisted out of
-            the loop and the step rewritten with the exact equivalences of spec section 10;
+            the loop and the step rewritten with the exact equivalences of ``docs/rmc.md`` §10;
             every option is supported) or 'auto' (default; currently always 'fast', which
             matches the reference to float rounding). bf16, ``torch.compile`` and CUDA graphs
             are opt-in through :class:`FastRelationalMemory`.
@@ -594,7 +596,7 @@ class FastRelationalMemory(nn.Module):
             overwrites them, so clone what must outlive it.
         matmul_dtype: None (the parameters' dtype) or ``torch.bfloat16``/``torch.float16``:
             autocast the matmuls; LayerNorm statistics, softmax and the recurrent state stay
-            fp32. Not exact (spec section 10): tests use bf16 tolerances.
+            fp32. Not exact (``docs/rmc.md`` §10): tests use bf16 tolerances.
         defer_weight_grads: E10 for the eager path (see
             :func:`relmem.cores.rmc.fast.fast_sequence`): None (where ``deferral_pays``), True
             (every in-loop weight) or False (none). Compiled and

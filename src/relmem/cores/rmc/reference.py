@@ -1,11 +1,11 @@
-"""The reference Relational Memory Core step: ``specs/rmc.md`` section 4, line by line.
+"""The reference Relational Memory Core step: ``docs/rmc.md`` §4, line by line.
 
 This is the oracle for every fast path. It holds the submodules that own a block's parameters
 (:class:`AttentionMLP`, :class:`AttentionBlock`) and :func:`reference_step`, the plain step
 over a cell's submodules. Defaults reproduce Sonnet v1's ``RelationalMemory``; the
-paper/patent variants of spec section 9 are options of :class:`RMCConfig`.
+paper/patent variants of ``docs/rmc.md`` §9 are options of :class:`RMCConfig`.
 
-Notation (spec section 1): B batch, N ``mem_slots``, H ``num_heads``, D ``head_size``,
+Notation (``docs/rmc.md`` §1): B batch, N ``mem_slots``, H ``num_heads``, D ``head_size``,
 K ``key_size``, M = H·D, Q = H·(2K + D), n input rows per step, F input features, g the gate
 width.
 """
@@ -22,7 +22,8 @@ from relmem.cores.rmc.config import RMCConfig, RMCState, RMCStepDetails
 
 
 def layer_norm_fp32(x: Tensor, norm: nn.LayerNorm) -> Tensor:
-    """Row-wise LayerNorm over the last axis, computed in fp32 for fp16/bf16 inputs (spec 4.8)."""
+    """Row-wise LayerNorm over the last axis, computed in fp32 for fp16/bf16 inputs
+    (``docs/rmc.md`` §4.8)."""
     if x.dtype in (torch.float16, torch.bfloat16):
         weight = None if norm.weight is None else norm.weight.float()
         bias = None if norm.bias is None else norm.bias.float()
@@ -48,7 +49,7 @@ class AttentionMLP(nn.Module):
 
 
 class AttentionBlock(nn.Module):
-    """One block of spec 4.3, without the MLP (which may be shared and is passed in).
+    """One block of ``docs/rmc.md`` §4.3, without the MLP (which may be shared and is passed in).
 
     Parameters: ``qkv`` (M→Q, head-major columns ``[q_0 k_0 v_0 | q_1 k_1 v_1 | …]``),
     ``qkv_norm`` (LN over all Q features), ``attention_norm`` and ``mlp_norm`` (LN over M).
@@ -107,7 +108,7 @@ class CellModules(Protocol):
 def reference_step(
     cell: CellModules, rows: Tensor, state: RMCState
 ) -> tuple[Tensor, RMCState, RMCStepDetails]:
-    """The reference step on validated inputs (spec 4.1–4.7).
+    """The reference step on validated inputs (``docs/rmc.md`` §4.1–§4.7).
 
     Args:
         cell: the submodules holding the parameters.
@@ -130,7 +131,7 @@ def reference_step(
             h, weights = block(h, h.shape[1], cell.mlp_for_block(index))
             attention.append(weights)
         new_rows = h[:, :num_slots]  # [B, N, M]
-    else:  # spec 9.1: input rows stay x in every block; only memory rows query
+    else:  # `docs/rmc.md` §9.1: input rows stay x in every block; only memory rows query
         new_rows = memory
         for index, block in enumerate(cell.blocks):
             h = torch.cat([new_rows, x], dim=1)  # [B, N+n, M]
