@@ -1,4 +1,6 @@
-"""Learning smoke test (spec 16.4): the DNC learns deepmind's repeat copy. Opt in: -m slow."""
+"""Learning smoke test (``docs/dnc.md`` §16.4): the DNC learns deepmind's repeat copy.
+
+Opt in: -m slow."""
 
 from __future__ import annotations
 

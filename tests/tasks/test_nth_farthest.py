@@ -1,4 +1,5 @@
-"""The Nth Farthest generator against a brute-force reading of its own inputs (spec 1.1-1.2)."""
+"""The Nth Farthest generator against a brute-force reading of its own inputs
+(``docs/tasks.md`` §1.1-§1.2)."""
 
 from __future__ import annotations
 

@@ -81,5 +81,5 @@ def test_paper_preset_matches_spec() -> None:
     assert (config.batch_size, config.optim.lr, config.optim.grad_clip) == (1600, 1e-4, None)
     assert config.head.hidden_sizes == (256, 256, 256, 256)
     model = build_model(config, NthFarthest(config.task))
-    assert count_parameters(model.core) == 605_184  # spec 1.3
+    assert count_parameters(model.core) == 605_184  # `docs/tasks.md` §1.3
     assert model.core.config.mem_size == 256

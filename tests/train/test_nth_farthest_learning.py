@@ -1,4 +1,4 @@
-"""The RMC leaves the Nth Farthest plateau (spec 1.5) on a CPU. Opt in: ``-m slow``.
+"""The RMC leaves the Nth Farthest plateau (``docs/tasks.md`` §1.5) on a CPU. Opt in: ``-m slow``.
 
 The default CPU preset's settings (Adam 1e-4, clip 1, batch 256, the small RMC) on the smallest
 relational variant, K=3 objects of F=2 dims, where the trivial plateau is 2/3: a model that

@@ -1,4 +1,4 @@
-"""Associative recall (``specs/dnc.md`` 15.3): config, generator, task and preset.
+"""Associative recall (``docs/dnc.md`` §15.3): config, generator, task and preset.
 
 :class:`AssociativeRecallConfig` holds the fields and their checks once and generates batches
 (time-major for library use); :class:`AssociativeRecall` is the same generator under its
@@ -33,7 +33,7 @@ from relmem.validation import check_int
 
 @dataclass
 class AssociativeRecallConfig:
-    """Associative recall (NTM paper; layout is the library's, spec 15.3).
+    """Associative recall (NTM paper; layout is the library's, ``docs/dnc.md`` §15.3).
 
     Each of c ~ U{min_items..max_items} items is ``item_length`` vectors of ``num_bits`` bits.
     Input (width ``num_bits + 2``): per item a delimiter row (channel ``num_bits``) and its
@@ -168,7 +168,8 @@ def build_associative_recall(config: AssociativeRecallConfig) -> AssociativeReca
 
 @register_preset("associative-recall", "cpu", default=True)
 def associative_recall_cpu() -> TrainConfig[AssociativeRecallConfig]:
-    """Associative recall with the NTM sizes (spec 15.3: items of 3 x 6 bits, 2-6 items).
+    """Associative recall with the NTM sizes (``docs/dnc.md`` §15.3: items of 3 x 6 bits,
+    2-6 items).
 
     :func:`~relmem.tasks.repeat_copy.repeat_copy_cpu`'s optimiser and budget; the DNC gets
     N=32 slots (6 items of 4 rows fit) of W=16 and 4 read heads; the LSTM 128 units. Sequences

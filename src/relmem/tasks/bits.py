@@ -1,4 +1,4 @@
-"""What copy, repeat copy and associative recall share (``specs/dnc.md`` 15).
+"""What copy, repeat copy and associative recall share (``docs/dnc.md`` §15).
 
 - :class:`TaskBatch`, the generators' time-major output for library use (``batch_first=True``
   transposes it): ``inputs [T, B, input_size]``, ``targets [T, B, target_size]`` bits in

@@ -1,9 +1,9 @@
-"""The Nth Farthest task of Santoro et al. 2018 (``specs/tasks.md`` section 1).
+"""The Nth Farthest task of Santoro et al. 2018 (``docs/tasks.md`` §1).
 
 Each sequence holds K vectors ``x_i ~ U(-1, 1)^F``. The model reads them one row per time step
 and must name the object at a given rank of the distances from a reference object.
 
-Two conventions (spec 1.2):
+Two conventions (``docs/tasks.md`` §1.2):
 
 - ``'reference'`` (default): the Sonnet generator after its label fix. Object i's row is
   ``[x_i | onehot(i) | onehot(reference) | onehot(nth)]``; the rows are shuffled by a random
@@ -16,7 +16,7 @@ Two conventions (spec 1.2):
 
 For both, ``Batch.groups`` is the rank asked for in ascending order (0 = the reference itself,
 K-1 = the farthest), so per-rank accuracies compare across conventions. A model that only
-solves rank 0 scores 2/K (spec 1.5): the 25% plateau for K = 8.
+solves rank 0 scores 2/K (``docs/tasks.md`` §1.5): the 25% plateau for K = 8.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ class NthFarthestConfig:
     Attributes:
         num_objects: K, vectors per sequence (paper 8; the Sonnet example's reduced task 4).
         num_features: F, dimensions per vector (paper 16; Sonnet example 4).
-        convention: 'reference' (Sonnet, default) or 'l0sg' (spec 1.2).
-        test_size: sequences in the fixed held-out set (spec 1.4: 16,000).
+        convention: 'reference' (Sonnet, default) or 'l0sg' (``docs/tasks.md`` §1.2).
+        test_size: sequences in the fixed held-out set (``docs/tasks.md`` §1.4: 16,000).
         test_seed: seed of the held-out set; independent of the training seed.
     """
 
@@ -61,7 +61,7 @@ class NthFarthestConfig:
 
 
 def _distance_dtype(device: torch.device) -> torch.dtype:
-    # The reference computes distances in float64 (spec 1.1); MPS has no float64.
+    # The reference computes distances in float64 (`docs/tasks.md` §1.1); MPS has no float64.
     return torch.float32 if device.type == "mps" else torch.float64
 
 
@@ -164,8 +164,9 @@ class NthFarthest(Task):
         return f"rank {group} (paper n = {self.config.num_objects - group})"
 
     def measure(self, logits: Tensor, batch: Batch) -> dict[str, Measure]:
-        """Per sequence, from ``logits [B, K]``: ``'loss'``, the softmax cross-entropy (spec
-        1.3), and ``'accuracy'``, 1.0 where ``argmax(logits)`` is the label (spec 1.4)."""
+        """Per sequence, from ``logits [B, K]``: ``'loss'``, the softmax cross-entropy
+        (``docs/tasks.md`` §1.3), and ``'accuracy'``, 1.0 where ``argmax(logits)`` is the label
+        (§1.4)."""
         xent = F.cross_entropy(logits.float(), batch.targets, reduction="none")
         correct = (logits.argmax(-1) == batch.targets).float()
         return {"loss": Measure.per_example(xent), "accuracy": Measure.per_example(correct)}
@@ -176,7 +177,8 @@ class NthFarthest(Task):
         return [f"object {i}" for i in inputs[:, f : f + k].argmax(-1).tolist()]
 
     def plot_levels(self) -> dict[str, float]:
-        """The 2/K plateau of a model that only solves rank 0 (spec 1.5) and chance, 1/K."""
+        """The 2/K plateau of a model that only solves rank 0 (``docs/tasks.md`` §1.5) and
+        chance, 1/K."""
         k = self.config.num_objects
         return {f"plateau 2/K = {2 / k:.1%}": 2 / k, f"chance 1/K = {1 / k:.1%}": 1 / k}
 
@@ -189,7 +191,7 @@ def build_nth_farthest(config: NthFarthestConfig) -> NthFarthest:
 
 @register_preset("nth-farthest", "paper")
 def nth_farthest_paper() -> TrainConfig[NthFarthestConfig]:
-    """The paper's set-up, ``specs/tasks.md`` 1.3 (library preset ``nth_farthest_paper``).
+    """The paper's set-up, ``docs/tasks.md`` §1.3 (library preset ``nth_farthest_paper``).
 
     K=8 vectors of F=16 dims; RMC N=8, H=8, D=K=32 (M=256), 1 block, L=2, unit gates, forget
     bias 1, input bias 0 (605,184 core parameters); head 4 x 256; Adam 1e-4, batch 1600, no
@@ -274,12 +276,13 @@ def nth_farthest_cpu() -> TrainConfig[NthFarthestConfig]:
 
 @register_preset("nth-farthest", "dnc-paper")
 def nth_farthest_dnc_paper() -> TrainConfig[NthFarthestConfig]:
-    """The paper's DNC baseline on Nth Farthest (spec 1.3; library ``nth_farthest_dnc_paper``).
+    """The paper's DNC baseline on Nth Farthest (``docs/tasks.md`` §1.3; library
+    ``nth_farthest_dnc_paper``).
 
     :func:`nth_farthest_paper` (K=8, F=16, head 4 x 256, Adam 1e-4, batch 1600, no clipping)
     with ``model='dnc'``: a 2-layer LSTM controller of 256 units, N=16 memories of W=128, 4
     read and 4 write heads (the choice is explained there). The paper reports the DNC at or
-    below 30% (``specs/targets.md``), near the 25% plateau.
+    below 30% (``docs/targets.md`` §1), near the 25% plateau.
     """
     config = nth_farthest_paper()
     config.model = "dnc"

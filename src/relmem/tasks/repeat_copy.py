@@ -1,4 +1,4 @@
-"""Repeat copy and copy (``specs/dnc.md`` 15.1-15.2): config, generator, task and presets.
+"""Repeat copy and copy (``docs/dnc.md`` §15.1-§15.2): config, generator, task and presets.
 
 :class:`RepeatCopyConfig` holds the task's fields and their checks once and generates batches
 (:meth:`RepeatCopyConfig.sample`, time-major for library use); :class:`RepeatCopy` is the same
@@ -34,7 +34,7 @@ from relmem.validation import check_int
 
 @dataclass
 class RepeatCopyConfig:
-    """Repeat copy, exactly as ``deepmind/dnc`` ``dnc/repeat_copy.py`` (spec 15.1).
+    """Repeat copy, exactly as ``deepmind/dnc`` ``dnc/repeat_copy.py`` (``docs/dnc.md`` §15.1).
 
     Per example: a pattern of ℓ ~ U{min_length..max_length} vectors of ``num_bits`` fair bits
     and a repeat count k ~ U{min_repeats..max_repeats}. Observation (width ``num_bits + 2``):
@@ -43,7 +43,7 @@ class RepeatCopyConfig:
     ``ℓ + 2`` zero rows, the pattern tiled k times, then an end row (channel ``num_bits``).
     The mask is 1 on the last ``ℓk + 1`` steps. Length ``ℓ(k + 1) + 3``.
 
-    The defaults are ``deepmind/dnc`` ``train.py``'s (spec section 14).
+    The defaults are ``deepmind/dnc`` ``train.py``'s (``docs/dnc.md`` §14).
 
     Attributes:
         num_bits: bits per pattern vector.
@@ -137,13 +137,14 @@ class RepeatCopy(RepeatCopyConfig):
 
 
 def copy_task(num_bits: int = 8, min_length: int = 1, max_length: int = 20) -> RepeatCopy:
-    """Copy = repeat copy with one repeat; defaults are the NTM sizes (spec 15.2)."""
+    """Copy = repeat copy with one repeat; defaults are the NTM sizes (``docs/dnc.md`` §15.2)."""
     return RepeatCopy(num_bits, min_length, max_length, min_repeats=1, max_repeats=1)
 
 
 @dataclass
 class CopyConfig:
-    """Copy: repeat copy with one repeat (spec 15.2); the defaults are the NTM paper's sizes.
+    """Copy: repeat copy with one repeat (``docs/dnc.md`` §15.2); the defaults are the NTM
+    paper's sizes.
 
     Attributes:
         num_bits: bits per pattern vector (NTM: 8).
@@ -223,7 +224,7 @@ def build_copy(config: CopyConfig) -> RepeatCopyTask:
 def repeat_copy_cpu() -> TrainConfig[RepeatCopyConfig]:
     """Repeat copy on a 2-core CPU: the DNC reaches near-zero bit error in about 10 minutes.
 
-    ``deepmind/dnc`` ``train.py``'s task and model (spec 14: 4 bits, pattern length 1-2,
+    ``deepmind/dnc`` ``train.py``'s task and model (``docs/dnc.md`` §14: 4 bits, pattern length 1-2,
     repeats 1-2, batch 16; controller 64, N=16, W=16, R=4, Wh=1, clip 20; gradients clipped to
     global norm 50) with one change: Adam 1e-3 instead of RMSProp 1e-4 (deepmind's 100k
     steps). ``--model lstm`` is the baseline: one ``nn.LSTM`` layer of 64 units and a linear
@@ -252,7 +253,7 @@ def repeat_copy_cpu() -> TrainConfig[RepeatCopyConfig]:
 
 @register_preset("copy", "cpu", default=True)
 def copy_cpu() -> TrainConfig[CopyConfig]:
-    """Copy with the NTM sizes (spec 15.2: 8 bits, lengths 1-20) on a CPU budget.
+    """Copy with the NTM sizes (``docs/dnc.md`` §15.2: 8 bits, lengths 1-20) on a CPU budget.
 
     :func:`repeat_copy_cpu`'s optimiser and budget (Adam 1e-3, clip 50, batch 16, 20k steps or
     10 minutes); the DNC gets N=32 slots (a 20-vector pattern must fit) of W=16 and one read

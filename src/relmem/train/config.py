@@ -33,7 +33,7 @@ class OptimConfig:
         eps: Adam's epsilon.
         weight_decay: L2 penalty added by Adam (0 in the paper).
         schedule: 'constant' (default) or 'paper', the Sonnet example's continuous decay
-            ``max(lr * decay_rate ** (step / decay_steps), min_lr)`` (spec 1.3).
+            ``max(lr * decay_rate ** (step / decay_steps), min_lr)`` (``docs/tasks.md`` §1.3).
         decay_rate, decay_steps, min_lr: the 'paper' schedule's constants (0.9, 10000, 8e-5).
         grad_clip: clip the global gradient norm to this value; None disables (paper).
     """
@@ -81,7 +81,8 @@ class _RunConfig(Generic[TaskConfigT]):
         seed: seeds the weights and the training data; data is a function of (seed, step).
         time_limit_min: stop (and checkpoint) after this many minutes of training; None: none.
         eval_every: steps between held-out evaluations (also at the end).
-        eval_batch: the fresh batch for the paper's best-batch metric (spec 1.4: 1600).
+        eval_batch: the fresh batch for the paper's best-batch metric (``docs/tasks.md``
+            §1.4: 1600).
         log_every: steps between metric lines in metrics.jsonl / TensorBoard / stdout.
         checkpoint_every: steps between checkpoints (also at the end and on a signal).
         keep_checkpoints: how many complete checkpoints to keep (>= 2 keeps a fallback).

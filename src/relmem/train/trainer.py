@@ -55,7 +55,7 @@ def lr_multiplier(step: int, config: TrainConfig) -> float:
     """The schedule's factor on ``optim.lr`` at ``step`` (1 for 'constant').
 
     'paper': ``max(decay_rate ** (step / decay_steps), min_lr / lr)``, the Sonnet example's
-    continuous exponential decay with a floor (spec 1.3).
+    continuous exponential decay with a floor (``docs/tasks.md`` §1.3).
     """
     o = config.optim
     if o.schedule == "constant":
