@@ -5,8 +5,12 @@
 - :mod:`~relmem.models.encoders` and :mod:`~relmem.models.heads`: what a task may name;
 - :mod:`~relmem.models.model`: :class:`SequenceModel` and :func:`build_model`.
 
-Importing this package registers every core, encoding and head in it.
+Importing this package imports every module in it, so every core, encoding and head registers
+itself (a new core's file needs no line here).
 """
+
+import importlib
+import pkgutil
 
 from relmem.models.dnc import DNCModelConfig
 from relmem.models.encoders import build_encoder, register_encoder
@@ -39,13 +43,5 @@ __all__ = [
 ]
 
 
-def _import_every_module() -> None:
-    """Import every module of this package, so a new core's file registers itself."""
-    import importlib
-    import pkgutil
-
-    for info in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{info.name}")
-
-
-_import_every_module()
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

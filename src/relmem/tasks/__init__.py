@@ -1,7 +1,11 @@
 """Training tasks: the :class:`Task` contract, the task and preset registries, the paper's tasks.
 
-Importing this package registers every task below and its presets.
+Importing this package imports every module in it, so every task and preset registers itself
+(a new task's file needs no line here).
 """
+
+import importlib
+import pkgutil
 
 from relmem.tasks.associative_recall import (
     AssociativeRecall,
@@ -54,3 +58,6 @@ __all__ = [
     "register_preset",
     "register_task",
 ]
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
