@@ -8,8 +8,14 @@ def test_all_names_resolve():
 
 def test_public_api_is_what_we_document():
     expected = {
-        "RMCConfig", "RMCState", "RMCStepDetails", "RelationalMemory", "RelationalMemoryCell",
-        "__version__", "detach_state", "sonnet",
+        "RMCConfig",
+        "RMCState",
+        "RMCStepDetails",
+        "RelationalMemory",
+        "RelationalMemoryCell",
+        "__version__",
+        "detach_state",
+        "sonnet",
     }
     assert expected <= set(relmem.__all__)
 

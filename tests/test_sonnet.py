@@ -119,8 +119,19 @@ def test_unsupported_variants_are_rejected():
 # the head-major qkv split and the gate column order against the module.
 
 
-def _sonnet_step(v, inputs, memory, num_heads, key_size, head_size, num_blocks, mlp_layers,
-                 forget_bias, input_bias, gate_size):
+def _sonnet_step(
+    v,
+    inputs,
+    memory,
+    num_heads,
+    key_size,
+    head_size,
+    num_blocks,
+    mlp_layers,
+    forget_bias,
+    input_bias,
+    gate_size,
+):
     def linear(name, x):
         return x @ v[f"{name}/w"] + v[f"{name}/b"]
 
@@ -164,8 +175,16 @@ def _sonnet_step(v, inputs, memory, num_heads, key_size, head_size, num_blocks, 
 def test_forward_matches_sonnet_layout_computation(gate_style):
     heads, head_size, key_size, blocks, slots = 2, 3, 5, 2, 3
     cell = RelationalMemoryCell(
-        6, slots, head_size, heads, num_blocks=blocks, key_size=key_size,
-        gate_style=gate_style, forget_bias=0.5, input_bias=-0.25, dtype=torch.float64,
+        6,
+        slots,
+        head_size,
+        heads,
+        num_blocks=blocks,
+        key_size=key_size,
+        gate_style=gate_style,
+        forget_bias=0.5,
+        input_bias=-0.25,
+        dtype=torch.float64,
     )
     variables = {k: v.astype(np.float64) for k, v in random_variables(cell, seed=3).items()}
     load_variables(cell, variables)
@@ -173,7 +192,16 @@ def test_forward_matches_sonnet_layout_computation(gate_style):
     inputs = rng.normal(size=(4, 2, 3))  # flattened to F = 6
     memory = rng.normal(size=(4, slots, heads * head_size))
     expected = _sonnet_step(
-        variables, inputs, memory, heads, key_size, head_size, blocks, 2, 0.5, -0.25,
+        variables,
+        inputs,
+        memory,
+        heads,
+        key_size,
+        head_size,
+        blocks,
+        2,
+        0.5,
+        -0.25,
         cell.config.gate_size,
     )
     with torch.no_grad():

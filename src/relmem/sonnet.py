@@ -68,7 +68,8 @@ def sonnet_layout(module: RelationalMemoryCell | RelationalMemory) -> list[_Entr
     ]
     if unsupported:
         raise ValueError(
-            "Sonnet v1's RelationalMemory has no equivalent of " + ", ".join(unsupported)
+            "Sonnet v1's RelationalMemory has no equivalent of "
+            + ", ".join(unsupported)
             + "; only the default variants convert"
         )
     entries: list[_Entry] = []

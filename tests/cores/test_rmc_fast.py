@@ -213,12 +213,23 @@ def test_packed_and_batch_first_match_reference() -> None:
     _assert_close("packed final", final_fast.memory, final_ref.memory, 1e-10)
 
 
-@pytest.mark.parametrize("case", ["default", "blocks-3", "query-memory-b2", "output-gate",
-                                  "matrix-input", "one-slot-e7", "no-gate"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "default",
+        "blocks-3",
+        "query-memory-b2",
+        "output-gate",
+        "matrix-input",
+        "one-slot-e7",
+        "no-gate",
+    ],
+)
 def test_cell_matches_reference(case: str) -> None:
     torch.manual_seed(0)
-    ref = RelationalMemoryCell(**{**BASE, **CASES[case]}, implementation="reference",
-                               dtype=torch.float64)
+    ref = RelationalMemoryCell(
+        **{**BASE, **CASES[case]}, implementation="reference", dtype=torch.float64
+    )
     _randomise(ref, torch.Generator().manual_seed(1))
     fast = copy.deepcopy(ref)
     fast.implementation = "fast"
@@ -237,10 +248,15 @@ def test_cell_matches_reference(case: str) -> None:
         loss = loss + (new.memory * torch.randn_like(new.memory)).sum()
         cell.zero_grad()
         loss.backward()
-        results.append((out, new.memory, x.grad, s.memory.grad,
-                        [p.grad for p in cell.parameters()]))
-    for name, got, want in zip(("output", "memory", "input grad", "state grad"),
-                               results[1][:4], results[0][:4], strict=True):
+        results.append(
+            (out, new.memory, x.grad, s.memory.grad, [p.grad for p in cell.parameters()])
+        )
+    for name, got, want in zip(
+        ("output", "memory", "input grad", "state grad"),
+        results[1][:4],
+        results[0][:4],
+        strict=True,
+    ):
         _assert_close(name, got, want, 1e-10)
     for got, want in zip(results[1][4], results[0][4], strict=True):
         _assert_close("param grad", got, want, 1e-10)
@@ -258,8 +274,13 @@ def test_auto_is_fast_and_details_use_reference() -> None:
 def test_input_erasure_is_bitwise_on_the_fast_path() -> None:
     """``docs/rmc.md`` §12.6 on the fast cell: forget +inf, input −inf keeps the memory bitwise."""
     for style in ("unit", "memory"):
-        cell = RelationalMemoryCell(**BASE, gate_style=style, forget_bias=math.inf,
-                                    input_bias=-math.inf, implementation="fast")
+        cell = RelationalMemoryCell(
+            **BASE,
+            gate_style=style,
+            forget_bias=math.inf,
+            input_bias=-math.inf,
+            implementation="fast",
+        )
         state = cell.initial_state(2)
         _, new = cell(torch.ones(2, 5), state)
         assert torch.equal(new.memory, state.memory)
@@ -267,8 +288,7 @@ def test_input_erasure_is_bitwise_on_the_fast_path() -> None:
 
 def test_plan_lists_the_equivalences() -> None:
     core = RelationalMemory(192, 1, 192, 4, key_size=64, attention_mlp_layers=3)
-    assert fast_path_plan(core.config) == ["E1", "E2", "E3", "E4", "E5", "E6", "E7", "E10",
-                                            "E12"]
+    assert fast_path_plan(core.config) == ["E1", "E2", "E3", "E4", "E5", "E6", "E7", "E10", "E12"]
     cell_plan = fast_path_plan(core.config, sequence=False)
     assert cell_plan == ["E4", "E5", "E6", "E7"]
 
@@ -298,8 +318,9 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 @pytest.mark.gpu
 @CUDA
-@pytest.mark.parametrize("case", ["default", "blocks-3", "output-gate", "one-slot-e7",
-                                  "matrix-input", "query-memory-b2"])
+@pytest.mark.parametrize(
+    "case", ["default", "blocks-3", "output-gate", "one-slot-e7", "matrix-input", "query-memory-b2"]
+)
 @pytest.mark.parametrize("mode", ["eager", "graph", "bf16", "graph-bf16", "compile"])
 def test_cuda_paths_match_reference(case: str, mode: str) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -328,8 +349,9 @@ def test_deferred_weight_grads_with_autograd_grad_and_retain_graph() -> None:
     for module in (core, fast):
         output, _ = module(inputs)
         loss = output.pow(2).sum()
-        (only,) = torch.autograd.grad(loss, [dict(module.named_parameters())[weight]],
-                                      retain_graph=True)
+        (only,) = torch.autograd.grad(
+            loss, [dict(module.named_parameters())[weight]], retain_graph=True
+        )
         module.zero_grad(set_to_none=True)
         loss.backward(retain_graph=True)
         loss.backward()

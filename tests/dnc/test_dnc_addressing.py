@@ -275,9 +275,7 @@ def test_link_hand_computed():
                     0, 0, i
                 ] * precedence[0, 0, k]
     torch.testing.assert_close(got, expected)
-    torch.testing.assert_close(
-        A.update_precedence(precedence, w), (1 - 1.0) * precedence + w
-    )
+    torch.testing.assert_close(A.update_precedence(precedence, w), (1 - 1.0) * precedence + w)
 
 
 def test_link_properties_over_a_random_sequence():

@@ -19,8 +19,13 @@ CONFIGS = {
     "none": {"link": "none"},
     "deep-2writes": {"num_layers": 2, "num_write_heads": 2},
     "deepmind": {"compat": "deepmind"},
-    "options": {"key_mask": True, "link_sharpness": True, "dealloc_content": True,
-                "interface_clip": 20.0, "usage_write_grad": True},
+    "options": {
+        "key_mask": True,
+        "link_sharpness": True,
+        "dealloc_content": True,
+        "interface_clip": 20.0,
+        "usage_write_grad": True,
+    },
 }
 
 

@@ -34,8 +34,11 @@ def main(argv: list[str]) -> int:
     params = sum(p.numel() for p in core.parameters())
     print(core)
     print(f"parameters: {params:,}")
-    print(f"input {tuple(inputs.shape)} -> output {tuple(outputs.shape)}, "
-          f"final memory {tuple(state.memory.shape)}")
-    print(f"forward+backward over {args.steps} steps x {args.batch} sequences: "
-          f"{elapsed * 1e3:.1f} ms")
+    print(
+        f"input {tuple(inputs.shape)} -> output {tuple(outputs.shape)}, "
+        f"final memory {tuple(state.memory.shape)}"
+    )
+    print(
+        f"forward+backward over {args.steps} steps x {args.batch} sequences: {elapsed * 1e3:.1f} ms"
+    )
     return 0

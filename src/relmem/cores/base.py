@@ -145,9 +145,7 @@ def check_lengths(
         return None
     lengths_t = torch.as_tensor(lengths)
     if lengths_t.is_floating_point() or lengths_t.is_complex() or lengths_t.dtype == torch.bool:
-        raise TypeError(
-            f"{module_name}: lengths must be integers, got dtype {lengths_t.dtype}"
-        )
+        raise TypeError(f"{module_name}: lengths must be integers, got dtype {lengths_t.dtype}")
     if lengths_t.shape != (batch,):
         raise ValueError(
             f"{module_name}: lengths must have shape [B] = [{batch}], got {tuple(lengths_t.shape)}"

@@ -133,9 +133,7 @@ def allocation_weights(usage: Tensor, eps: float = EPSILON) -> Tensor:
     return torch.zeros_like(sorted_allocation).scatter(-1, order, sorted_allocation)
 
 
-def write_allocation_weights(
-    usage: Tensor, gates: Tensor, eps: float = EPSILON
-) -> Tensor:
+def write_allocation_weights(usage: Tensor, gates: Tensor, eps: float = EPSILON) -> Tensor:
     """Allocation for several write heads by simulated usage (``deepmind/dnc``, ``docs/dnc.md`` §6).
 
     For j = 1..Wh: ``a_j = a(u)``, then ``u ← u + (1 − u) ∘ gates_j ∘ a_j``. The simulated usage

@@ -120,8 +120,10 @@ class Controller(nn.Module):
         shape = (batch_size, self.hidden_size)
         if self.kind == "lstm":
             return tuple(
-                (torch.zeros(shape, device=device, dtype=dtype),
-                 torch.zeros(shape, device=device, dtype=dtype))
+                (
+                    torch.zeros(shape, device=device, dtype=dtype),
+                    torch.zeros(shape, device=device, dtype=dtype),
+                )
                 for _ in range(self.num_layers)
             )
         return tuple(torch.zeros(shape, device=device, dtype=dtype) for _ in range(self.num_layers))
