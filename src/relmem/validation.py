@@ -59,8 +59,9 @@ def check_float(
     return float(value)
 
 
-def check_at_least(prefix: str, config: object, **minimums: int) -> None:
-    """Each named field of ``config`` is ``>= `` its minimum.
+def check_at_least(prefix: str, config: object, **minimums: float) -> None:
+    """Each named field of ``config`` is ``>= `` its minimum (None, an unset optional field,
+    passes; NaN does not).
 
     Raises:
         ValueError: ``"{prefix}{field} must be >= {minimum}, got {value}"`` for the first one
@@ -68,8 +69,20 @@ def check_at_least(prefix: str, config: object, **minimums: int) -> None:
     """
     for name, minimum in minimums.items():
         value = getattr(config, name)
-        if value < minimum:
+        if value is not None and not value >= minimum:
             raise ValueError(f"{prefix}{name} must be >= {minimum}, got {value}")
+
+
+def check_positive(prefix: str, config: object, *names: str) -> None:
+    """Each named field of ``config`` is ``> 0`` (None, an unset optional field, passes).
+
+    Raises:
+        ValueError: ``"{prefix}{field} must be > 0, got {value}"`` for the first one that is not.
+    """
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"{prefix}{name} must be > 0, got {value}")
 
 
 def check_order(prefix: str, config: object, low: str, high: str) -> None:

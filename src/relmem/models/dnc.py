@@ -53,8 +53,7 @@ class DNCModelConfig:
             num_read_heads=1,
             num_write_heads=1,
         )
-        if not self.clip_value >= 0:
-            raise ValueError(f"dnc.clip_value must be >= 0 (0 disables it), got {self.clip_value}")
+        check_at_least("dnc.", self, clip_value=0)
         check_choice("dnc.compat", self.compat, ("paper", "deepmind"))
 
 

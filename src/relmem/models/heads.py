@@ -33,7 +33,7 @@ class HeadConfig:
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(self.hidden_sizes)
         if any(h < 1 for h in self.hidden_sizes):
-            raise ValueError(f"head.hidden_sizes must be positive, got {self.hidden_sizes}")
+            raise ValueError(f"head.hidden_sizes must be >= 1 each, got {self.hidden_sizes}")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
 from relmem.models import HeadConfig, get_model, list_models
+from relmem.validation import check_at_least, check_choice, check_positive
 
 TaskConfigT = TypeVar("TaskConfigT")
 
@@ -50,18 +51,13 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         self.betas = (float(self.betas[0]), float(self.betas[1]))
-        if not self.lr > 0:
-            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
+        check_positive("optim.", self, "lr", "eps", "grad_clip")
+        check_at_least("optim.", self, weight_decay=0, decay_steps=1, min_lr=0)
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"optim.betas must lie in [0, 1), got {self.betas}")
-        if self.schedule not in ("constant", "paper"):
-            raise ValueError(f"optim.schedule must be 'constant' or 'paper', got {self.schedule!r}")
-        if not 0 < self.decay_rate <= 1 or self.decay_steps < 1 or self.min_lr < 0:
-            raise ValueError(
-                "optim.decay_rate must be in (0, 1], optim.decay_steps >= 1 and optim.min_lr >= 0"
-            )
-        if self.grad_clip is not None and not self.grad_clip > 0:
-            raise ValueError(f"optim.grad_clip must be > 0 or None, got {self.grad_clip}")
+        check_choice("optim.schedule", self.schedule, ("constant", "paper"))
+        if not 0 < self.decay_rate <= 1:
+            raise ValueError(f"optim.decay_rate must lie in (0, 1], got {self.decay_rate}")
 
 
 @dataclass
@@ -127,16 +123,11 @@ class _RunConfig(Generic[TaskConfigT]):
             self.resume = Path(self.resume)
         if self.model not in list_models():
             raise ValueError(f"model must be one of {', '.join(list_models())}; got {self.model!r}")
-        positive = ("steps", "batch_size", "eval_every", "eval_batch", "log_every")
-        for name in (*positive, "checkpoint_every", "keep_checkpoints"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.time_limit_min is not None and not self.time_limit_min > 0:
-            raise ValueError(f"time_limit_min must be > 0 or None, got {self.time_limit_min}")
-        if self.cpu_threads is not None and self.cpu_threads < 1:
-            raise ValueError(f"cpu_threads must be >= 1 or None, got {self.cpu_threads}")
-        if self.device not in ("auto", "cpu", "cuda", "mps"):
-            raise ValueError(f"device must be auto, cpu, cuda or mps; got {self.device!r}")
+        counts = ("steps", "batch_size", "eval_every", "eval_batch", "log_every")
+        counts += ("checkpoint_every", "keep_checkpoints", "cpu_threads")
+        check_at_least("", self, **dict.fromkeys(counts, 1))
+        check_positive("", self, "time_limit_min")
+        check_choice("device", self.device, ("auto", "cpu", "cuda", "mps"))
 
     def model_config(self) -> Any:
         """The config of the selected model (``getattr(self, self.model)``)."""
