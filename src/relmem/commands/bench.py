@@ -45,6 +45,7 @@ from relmem.benchmarking.configs import CONFIGS, IMPLEMENTATIONS
 from relmem.benchmarking.report import progress_header, summary, write_results
 from relmem.benchmarking.runner import run_config
 from relmem.env_info import machine_info
+from relmem.validation import check_at_least
 
 ConfigName = Literal[tuple(CONFIGS)]  # type: ignore[valid-type]
 ImplementationName = Literal[IMPLEMENTATIONS]  # type: ignore[valid-type]
@@ -82,11 +83,7 @@ class BenchArgs:
     """List the configurations and exit."""
 
     def __post_init__(self) -> None:
-        minimums = {"warmup": 0, "repeat": 1, "steps": 1, "batch": 1, "threads": 1}
-        for name, minimum in minimums.items():
-            value = getattr(self, name)
-            if value is not None and value < minimum:
-                raise ValueError(f"--{name} must be >= {minimum}, got {value}")
+        check_at_least("--", self, warmup=0, repeat=1, steps=1, batch=1, threads=1)
 
 
 def parse(argv: list[str]) -> BenchArgs:

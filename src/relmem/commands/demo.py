@@ -2,38 +2,62 @@
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
+from dataclasses import dataclass
 
 import torch
+import tyro
 
 from relmem.cores.rmc import RelationalMemory
+from relmem.validation import check_at_least
+
+
+@dataclass
+class DemoArgs:
+    """Build a Relational Memory Core and time one forward and backward pass.
+
+    Attributes:
+        batch: sequences per batch.
+        steps: time steps per sequence.
+        input_size: F, features per step.
+        mem_slots: N, memory slots.
+        head_size: D, value size per head.
+        num_heads: H.
+        seed: seeds the weights and the inputs.
+    """
+
+    batch: int = 32
+    steps: int = 20
+    input_size: int = 16
+    mem_slots: int = 4
+    head_size: int = 32
+    num_heads: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_at_least("--", self, batch=1, steps=1)
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="relmem demo", description=__doc__)
-    parser.add_argument("--batch", type=int, default=32, help="sequences per batch")
-    parser.add_argument("--steps", type=int, default=20, help="time steps per sequence")
-    parser.add_argument("--input-size", type=int, default=16)
-    parser.add_argument("--mem-slots", type=int, default=4)
-    parser.add_argument("--head-size", type=int, default=32)
-    parser.add_argument("--num-heads", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    for name in ("batch", "steps", "input_size", "mem_slots", "head_size", "num_heads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-
+    """Entry point of ``relmem demo``; prints the core, its size and one pass's time."""
+    try:
+        args = tyro.cli(DemoArgs, args=argv, prog="relmem demo")
+    except SystemExit as exc:  # tyro has printed help or a boxed error message
+        return int(exc.code or 0)
     torch.manual_seed(args.seed)
-    core = RelationalMemory(args.input_size, args.mem_slots, args.head_size, args.num_heads)
+    try:
+        core = RelationalMemory(args.input_size, args.mem_slots, args.head_size, args.num_heads)
+    except ValueError as exc:  # the core names the argument and what it allows
+        print(f"relmem demo: error: {exc}", file=sys.stderr)
+        return 2
     inputs = torch.randn(args.steps, args.batch, args.input_size)
     start = time.perf_counter()
     outputs, state = core(inputs)
     outputs.sum().backward()
     elapsed = time.perf_counter() - start
-    params = sum(p.numel() for p in core.parameters())
     print(core)
-    print(f"parameters: {params:,}")
+    print(f"parameters: {sum(p.numel() for p in core.parameters()):,}")
     print(
         f"input {tuple(inputs.shape)} -> output {tuple(outputs.shape)}, "
         f"final memory {tuple(state.memory.shape)}"
