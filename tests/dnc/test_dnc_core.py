@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
@@ -9,6 +11,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 import relmem
 from relmem import DNC, DNCState, detach_state
 from relmem.cores.base import map_state
+from relmem.cores.dnc import DNCCell
 from relmem.cores.dnc.addressing import sparse_link_to_dense
 from relmem.cores.dnc.controller import Controller
 
@@ -301,3 +304,15 @@ def test_bad_inputs_raise_clear_errors():
         model(torch.randn(4, 2, 3), bad)
     with pytest.raises(TypeError, match="input must be a torch.Tensor"):
         model.cell([[1.0, 2.0, 3.0]])
+
+
+def test_sequence_module_takes_the_cells_arguments_and_batch_first() -> None:
+    """``DNC``'s signature is ``DNCCell``'s with ``batch_first`` after the positional ones."""
+
+    cell = list(inspect.signature(DNCCell).parameters)
+    names = list(inspect.signature(DNC).parameters)
+    assert names == [*cell[:6], "batch_first", *cell[6:]]
+    model = DNC(3, 8, 4, 2, 1, 1, True, output_size=5)
+    assert model.batch_first and model.output_size == 5 and model.cell.memory.memory_size == 4
+    with pytest.raises(TypeError, match="DNC: got an unexpected keyword argument 'bogus'"):
+        DNC(3, 8, bogus=1)

@@ -12,6 +12,7 @@ Notation: B batch, T time, X ``input_size``, Y ``output_size``, Hc ``hidden_size
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -292,6 +293,17 @@ class DNCCell(nn.Module):
         return self.step(input, state)
 
 
+def _with_batch_first(cell: inspect.Signature) -> inspect.Signature:
+    """:class:`DNCCell`'s constructor signature with ``batch_first`` after its positional
+    arguments: the sequence module takes the cell's arguments, written once, and that one."""
+    params = list(cell.parameters.values())
+    at = next(i for i, p in enumerate(params) if p.kind is inspect.Parameter.KEYWORD_ONLY)
+    batch_first = inspect.Parameter(
+        "batch_first", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=False, annotation="bool"
+    )
+    return cell.replace(parameters=[*params[:at], batch_first, *params[at:]])
+
+
 class DNC(nn.Module):
     """A Differentiable Neural Computer over a sequence, shaped like ``nn.LSTM``.
 
@@ -313,55 +325,21 @@ class DNC(nn.Module):
         - state: :class:`DNCState` in and out (the state after each example's last step).
     """
 
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        memory_size: int = 16,
-        word_size: int = 16,
-        num_read_heads: int = 4,
-        num_write_heads: int = 1,
-        batch_first: bool = False,
-        *,
-        output_size: int | None = None,
-        num_layers: int = 1,
-        compat: Compat = "paper",
-        clip_value: float | None = None,
-        link: LinkKind = "dense",
-        link_topk: int = 8,
-        usage_write_grad: bool = False,
-        dealloc_content: bool = False,
-        key_mask: bool = False,
-        link_sharpness: bool = False,
-        interface_clip: float = 0.0,
-        eps: float = EPSILON,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
+    _signature = _with_batch_first(inspect.signature(DNCCell.__init__))
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
-        self.batch_first = batch_first
-        self.cell = DNCCell(
-            input_size,
-            hidden_size,
-            memory_size,
-            word_size,
-            num_read_heads,
-            num_write_heads,
-            output_size=output_size,
-            num_layers=num_layers,
-            compat=compat,
-            clip_value=clip_value,
-            link=link,
-            link_topk=link_topk,
-            usage_write_grad=usage_write_grad,
-            dealloc_content=dealloc_content,
-            key_mask=key_mask,
-            link_sharpness=link_sharpness,
-            interface_clip=interface_clip,
-            eps=eps,
-            device=device,
-            dtype=dtype,
-        )
+        try:
+            bound = self._signature.bind(self, *args, **kwargs)
+        except TypeError as exc:  # name the class, as Python's own message does
+            raise TypeError(f"{type(self).__name__}: {exc}") from None
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        del arguments["self"]
+        self.batch_first: bool = arguments.pop("batch_first")
+        self.cell = DNCCell(**arguments)
+
+    __init__.__signature__ = _signature  # type: ignore[attr-defined]
 
     @property
     def input_size(self) -> int:
