@@ -1,4 +1,5 @@
-"""The fast RMC path against the reference (``docs/rmc.md`` §10, style.md section 4).
+"""The fast RMC path against the reference (``docs/rmc.md`` §10): forward and backward,
+states included.
 
 Each case builds one core, copies it, runs the reference and the fast path on the same input
 and initial state, draws random upstream gradients for the output and the final state, and

@@ -1,4 +1,4 @@
-"""float64 ``torch.autograd.gradcheck`` of whole RMC steps and a short sequence (style.md 4)."""
+"""float64 ``torch.autograd.gradcheck`` of whole RMC steps and a short sequence."""
 
 from __future__ import annotations
 

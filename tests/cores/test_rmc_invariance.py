@@ -1,4 +1,4 @@
-"""Sequence invariances of the RMC (``docs/rmc.md`` §5, §10 E11, §12.10; style.md sections 4-5)."""
+"""Sequence invariances of the RMC (``docs/rmc.md`` §5, §10 E11, §12.10)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ def close(a, b, **kw):
 
 
 def loss_of(output: torch.Tensor, state: RMCState, seed: int = 3) -> torch.Tensor:
-    """Random upstream gradients for both the outputs and the final state (style.md 4)."""
+    """Random upstream gradients for both the outputs and the final state (every output is
+    checked backward)."""
     gen = torch.Generator().manual_seed(seed)
     total = (output * torch.randn(output.shape, generator=gen, dtype=output.dtype)).sum()
     for t in leaves(state):
