@@ -190,8 +190,8 @@ def main(argv: list[str]) -> int:
         group = "" if held_out.groups is None else f", {task.group_name.split(' (')[0]} "
         group += "" if held_out.groups is None else str(int(held_out.groups[i]))
         title = (
-            f"held-out example {i}{group}: label {target}, predicted {guess}; "
-            f"block {args.block}, step {ckpt.name}"
+            f"held-out example {i}{group}\nlabel {target}, predicted {guess}\n"
+            f"block {args.block}, {ckpt.name}"
         )
         rows = task.step_labels(held_out.inputs[i])
         path = out / f"attention_example_{i}.png"
