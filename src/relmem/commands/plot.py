@@ -169,7 +169,7 @@ def main(argv: list[str]) -> int:
     title = f"{task_name} / {config.model} ({args.run_dir})"
     plot_curves(records, curves, title, task.plot_levels(), task.metric)
     print(f"written {curves}")
-    if task.spec.output != "last":
+    if task.spec.per_step:
         print(f"no attention maps: they are drawn for last-step tasks, not {task_name!r}")
         return 0
     core = model.core
