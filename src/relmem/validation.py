@@ -3,9 +3,11 @@
 Two message styles, one per kind of caller, so that an error always names what was wrong:
 
 - library constructors check Python values strictly (``bool`` is not an integer) and name the
-  class: ``"DNCCell: memory_size must be an integer >= 1, got 0"`` (:func:`check_int`);
+  class: ``"DNCCell: memory_size must be an integer >= 1, got 0"`` (:func:`check_int`,
+  :func:`check_float`, :func:`check_int_order`);
 - config dataclasses, whose values come from the CLI or a ``config.json``, name the dotted
-  option: ``"task.num_bits must be >= 1, got 0"`` (:func:`check_at_least`, :func:`check_order`).
+  option: ``"task.num_bits must be >= 1, got 0"`` (:func:`check_at_least`,
+  :func:`check_positive`, :func:`check_order`).
 """
 
 from __future__ import annotations
@@ -94,6 +96,16 @@ def check_order(prefix: str, config: object, low: str, high: str) -> None:
     lo, hi = getattr(config, low), getattr(config, high)
     if lo > hi:
         raise ValueError(f"{prefix}{low} ({lo}) must be <= {prefix}{high} ({hi})")
+
+
+def check_int_order(low: str, low_value: int, high: str, high_value: int, *, owner: str) -> None:
+    """Library style of :func:`check_order`: ``low_value <= high_value``.
+
+    Raises:
+        ValueError: ``"{owner}: {low} = {v} must be <= {high} = {w}"``.
+    """
+    if low_value > high_value:
+        raise ValueError(f"{owner}: {low} = {low_value} must be <= {high} = {high_value}")
 
 
 def check_choice(

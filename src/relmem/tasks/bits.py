@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from relmem.tasks.base import BIT_ERRORS, Batch, Measure, Task, TaskSpec, step_generator
-from relmem.validation import check_at_least, check_int, check_order
+from relmem.validation import check_at_least, check_int, check_int_order, check_order
 
 TEST_SEED = 20161012  # the DNC paper's publication date (Nature 538, 12 October 2016)
 
@@ -68,9 +68,7 @@ def check_fields(
     for name, minimum in minimums.items():
         check_int(name, getattr(config, name), minimum, owner=owner)
     for low, high in orders:
-        lo, hi = getattr(config, low), getattr(config, high)
-        if lo > hi:
-            raise ValueError(f"{owner}: {low} = {lo} must be <= {high} = {hi}")
+        check_int_order(low, getattr(config, low), high, getattr(config, high), owner=owner)
 
 
 def randint(low: int, high: int, size: int, generator: torch.Generator | None) -> Tensor:
