@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from relmem.cores.rmc import RMCConfig, fast_path_products
 from relmem.cores.rmc.fast import Product
@@ -71,15 +70,3 @@ def lstm_hidden_for_params(input_size: int, params: int) -> int:
     """The ``nn.LSTM`` hidden size h whose 4h(F + h) + 8h parameters come closest to ``params``."""
     a, b = 4.0, 4.0 * input_size + 8.0
     return max(1, round((-b + math.sqrt(b * b + 4 * a * params)) / (2 * a)))
-
-
-class LSTMCore(nn.Module):
-    """``nn.LSTM`` with the RMC's call convention: ``[T, B, F] -> ([T, B, h], (h_T, c_T))``."""
-
-    def __init__(self, input_size: int, hidden: int, **factory: Any) -> None:
-        super().__init__()
-        self.lstm = nn.LSTM(input_size, hidden, **factory)
-
-    def forward(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        output, (h, c) = self.lstm(x)
-        return output, (h, c)

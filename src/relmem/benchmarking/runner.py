@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from relmem.benchmarking.baselines import (
-    LSTMCore,
     lstm_hidden_for_params,
     lstm_step_flops,
     matmul_floor_passes,
@@ -48,8 +47,8 @@ def implementations(
         )
     params = sum(p.numel() for p in reference.parameters())
     f = config.rmc["input_size"]
-    impls["lstm-params"] = LSTMCore(f, lstm_hidden_for_params(f, params), device=device)
-    impls["lstm-width"] = LSTMCore(f, reference.output_size, device=device)
+    impls["lstm-params"] = nn.LSTM(f, lstm_hidden_for_params(f, params), device=device)
+    impls["lstm-width"] = nn.LSTM(f, reference.output_size, device=device)
     return impls
 
 
@@ -121,8 +120,8 @@ def run_config(
             "rmc_parameters": rmc_params,
             **timings[impl],
         }
-        if isinstance(module, LSTMCore):
-            hidden = module.lstm.hidden_size
+        if isinstance(module, nn.LSTM):
+            hidden = module.hidden_size
             record["lstm_hidden"] = hidden
             record["step_flops"] = lstm_step_flops(config.rmc["input_size"], hidden)
         else:
