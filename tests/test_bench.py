@@ -54,24 +54,14 @@ def test_matmul_floor_times_the_loop_and_hoisted_weight_products() -> None:
     assert [tuple(p) for p in products["hoisted"]] == [(1, 32, 128), (1, 128, 384), (1, 128, 256)]
 
 
+def tiny_run(out: Path, steps: int, *extra: str) -> list[str]:
+    """A one-repeat CPU run of the ``small`` configuration at ``steps`` × 2, writing to ``out``."""
+    sizes = ["--steps", str(steps), "--batch", "2", "--warmup", "0", "--repeat", "1"]
+    return ["--device", "cpu", "--configs", "small", *sizes, *extra, "--out", str(out)]
+
+
 def test_bench_writes_json_with_every_implementation(tmp_path: Path) -> None:
-    argv = [
-        "--device",
-        "cpu",
-        "--configs",
-        "small",
-        "--steps",
-        "3",
-        "--batch",
-        "2",
-        "--warmup",
-        "0",
-        "--repeat",
-        "1",
-        "--out",
-        str(tmp_path),
-    ]
-    assert main(argv) == 0
+    assert main(tiny_run(tmp_path, 3)) == 0
     (path,) = tmp_path.glob("bench-cpu-*.json")
     payload = json.loads(path.read_text())
     assert payload["machine"]["torch_threads"] >= 1 and payload["machine"]["cpu"]
@@ -87,25 +77,7 @@ def test_bench_writes_json_with_every_implementation(tmp_path: Path) -> None:
 
 
 def test_bench_only_times_the_named_implementations(tmp_path: Path) -> None:
-    argv = [
-        "--device",
-        "cpu",
-        "--configs",
-        "small",
-        "--steps",
-        "2",
-        "--batch",
-        "2",
-        "--warmup",
-        "0",
-        "--repeat",
-        "1",
-        "--only",
-        "fast",
-        "--out",
-        str(tmp_path),
-    ]
-    assert main(argv) == 0
+    assert main(tiny_run(tmp_path, 2, "--only", "fast")) == 0
     (path,) = tmp_path.glob("bench-cpu-*.json")
     assert [r["implementation"] for r in json.loads(path.read_text())["results"]] == ["fast"]
 
