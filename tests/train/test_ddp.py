@@ -3,18 +3,15 @@ last-step task (Nth Farthest, RMC) and a padded per-step task (repeat copy, DNC)
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from processes import run_python
 from safetensors.torch import load_file
 
 from relmem.train import checkpoint as ckpt_io
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 ARGS = [
     "train",
     "nth-farthest",
@@ -57,36 +54,10 @@ COPY_ARGS = [
 
 @pytest.mark.parametrize("args", [ARGS, COPY_ARGS], ids=["nth-farthest-rmc", "repeat-copy-dnc"])
 def test_two_process_gloo_matches_single_process(tmp_path: Path, args: list[str]) -> None:
-    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
-    out = ["--out-dir", str(tmp_path)]
-    single = subprocess.run(
-        [sys.executable, "-m", "relmem", *args, *out, "--run-name", "single"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    command = ["-m", "relmem", *args, "--out-dir", str(tmp_path), "--run-name"]
+    single = run_python([*command, "single"], timeout=120)
     assert single.returncode == 0, single.stderr
-    ddp = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "relmem",
-            *args,
-            *out,
-            "--run-name",
-            "ddp",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    ddp = run_python([*command, "ddp"], processes=2, timeout=180)
     assert ddp.returncode == 0, ddp.stdout + ddp.stderr
     assert "x2 processes" in ddp.stdout
     a = load_file(ckpt_io.resolve_checkpoint(tmp_path / "single") / ckpt_io.MODEL_FILE)

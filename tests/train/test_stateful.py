@@ -4,13 +4,11 @@ token-weighted metrics with one and two processes, and the step a task is sample
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from processes import run_python
 from safetensors.torch import load_file
 from toy_tasks import EpisodeBits, EpisodeBitsConfig, StepProbe, TokenCopy, token_copy_config
 
@@ -26,7 +24,6 @@ from relmem.train.runs import build_model, load_trained
 from relmem.train.trainer import STREAM_TRAIN
 
 HERE = Path(__file__).resolve().parent
-SRC = str(HERE.parents[1] / "src")
 
 
 def episode_config(tiny, carry: bool, **overrides):
@@ -137,23 +134,10 @@ def _direct(config, run_dir: Path | None, task) -> tuple[float, float]:
 def test_token_weighted_metrics_match_a_direct_computation(tmp_path: Path) -> None:
     """Uneven scored steps per sequence; chunked evaluation and logged training metrics are
     Σ total / Σ count, with one process and with two (gloo)."""
-    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
     script = [str(HERE / "toy_tasks.py"), str(tmp_path)]
-    single = subprocess.run(
-        [sys.executable, *script, "single"], env=env, capture_output=True, text=True, timeout=120
-    )
+    single = run_python([*script, "single"], timeout=120)
     assert single.returncode == 0, single.stderr
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-    ]
-    ddp = subprocess.run(
-        [*torchrun, *script, "ddp"], env=env, capture_output=True, text=True, timeout=180
-    )
+    ddp = run_python([*script, "ddp"], processes=2, timeout=180)
     assert ddp.returncode == 0, ddp.stdout + ddp.stderr
     with registered("token-copy", RepeatCopyConfig, TokenCopy):
         for name in ("single", "ddp"):
