@@ -7,6 +7,8 @@ Every core is a *cell* (one time step, ``cell(input_t, state) -> (output_t, stat
   batch-leading, whatever ``batch_first`` says;
 - ``lengths`` (or a ``PackedSequence``) for padded batches: after example ``b``'s last step its
   state is carried unchanged and its output is zero, as in TF ``dynamic_rnn``;
+- the values at padded steps are inert: :func:`prepare_sequence` replaces them with zeros by
+  selection, so NaN or inf there changes no output and no gradient;
 - the state is never detached inside ``forward``; :func:`detach_state` is for the caller.
 
 The helpers here are deliberately small and free of model logic so that the reference loop
@@ -130,7 +132,21 @@ def prepare_sequence(
             f"{module_name}: the input has an empty time or batch axis: shape {tuple(input.shape)}"
         )
     checked = check_lengths(lengths, batch, steps, input.device, module_name)
-    return SequenceInput(inputs, checked, False)
+    return SequenceInput(zero_padding(inputs, checked), checked, False)
+
+
+def zero_padding(inputs: Tensor, lengths: Tensor | None) -> Tensor:
+    """``inputs [T, B, ...]`` with zeros at every padded step (``t >= lengths[b]``).
+
+    A selection, not a product: NaN or inf at a padded step would survive ``x * 0`` and, through
+    the weight gradients of every layer the padded step passes, poison training even where the
+    padded outputs are discarded. After this, padded values can change no output and no gradient.
+    """
+    if lengths is None:
+        return inputs
+    steps = torch.arange(inputs.shape[0], device=inputs.device).unsqueeze(1)  # [T, 1]
+    valid = (steps < lengths).view(steps.shape[0], -1, *([1] * (inputs.dim() - 2)))  # [T, B, 1..]
+    return torch.where(valid, inputs, inputs.new_zeros(()))
 
 
 def check_lengths(

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from relmem.cores.base import zero_padding
 from relmem.models.encoders import build_encoder
 from relmem.models.heads import CoreReadout, HeadConfig, get_head
 from relmem.models.registry import get_model
@@ -26,7 +27,8 @@ class SequenceModel(nn.Module):
     Shapes:
         - inputs: ``[B, T, F]`` float (encoding 'features') or ``[B, T]`` int64 token ids.
         - state: the core's state (see :mod:`relmem.models.registry`); None: the initial one.
-        - lengths: optional ``[B]`` int64 valid lengths in ``1..T`` of right-padded inputs.
+        - lengths: optional ``[B]`` int64 valid lengths in ``1..T`` of right-padded inputs; the
+          padded values (NaN and inf included) change no output and no gradient.
         - returns ``(logits, state)``: ``logits [B, C]`` ('last' head) or ``[B, T, O]``
           (per-step heads); the state after each example's last valid step, not detached.
     """
@@ -45,6 +47,8 @@ class SequenceModel(nn.Module):
     def forward(
         self, inputs: Tensor, state: Any = None, lengths: Tensor | None = None
     ) -> tuple[Tensor, Any]:
+        if lengths is not None and inputs.is_floating_point():  # padding inert for the encoder
+            inputs = zero_padding(inputs.transpose(0, 1), lengths.to(inputs.device)).transpose(0, 1)
         outputs, state = self.core(self.encoder(inputs), state, lengths=lengths)
         return self.head(outputs, lengths), state
 

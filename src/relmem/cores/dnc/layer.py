@@ -230,5 +230,5 @@ class MemoryControllerLayer(nn.Module):
         output = F.relu(self.output_projection(v) + d)  # [T, B, D]
         if seq.lengths is not None:
             valid = torch.arange(steps, device=d.device).unsqueeze(1) < seq.lengths  # [T, B]
-            output = output * valid.unsqueeze(-1).to(output.dtype)
+            output = torch.where(valid.unsqueeze(-1), output, output.new_zeros(()))
         return finish_sequence(output, seq, self.batch_first), state
