@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
+
+from relmem.train import faults
 
 CHECKPOINT_DIR = "checkpoints"
 MODEL_FILE = "model.safetensors"
@@ -39,7 +42,16 @@ FORMAT_VERSION = 1
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint is missing, truncated, corrupt or does not fit the model."""
+    """A checkpoint is missing, truncated, corrupt or does not fit the model.
+
+    Attributes:
+        fallback: the newest intact-looking checkpoint before the bad one, if any; each command
+            names it with its own option (``--resume``, ``--checkpoint``).
+    """
+
+    def __init__(self, message: str, fallback: Path | None = None) -> None:
+        super().__init__(message)
+        self.fallback = fallback
 
 
 def _sha256(path: Path) -> str:
@@ -112,6 +124,7 @@ def save_checkpoint(
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     save_model(unwrap(model), str(staging / MODEL_FILE))
+    faults.kill_if_armed("checkpoint", step)
     torch.save({"format_version": FORMAT_VERSION, **train_state}, staging / STATE_FILE)
     meta = {
         "format_version": FORMAT_VERSION,
@@ -124,6 +137,7 @@ def save_checkpoint(
     if final.exists():  # re-saving the same step (e.g. a signal right after a periodic save)
         shutil.rmtree(final)
     os.replace(staging, final)
+    faults.kill_if_armed("checkpoint-rename", step)
     _write_text_atomic(root / LATEST_FILE, final.name + "\n")
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
@@ -131,52 +145,126 @@ def save_checkpoint(
 
 
 def resolve_checkpoint(path: Path) -> Path:
-    """A checkpoint directory from a run directory (its ``latest``) or a checkpoint directory."""
+    """A checkpoint directory from a run directory (its ``latest``) or a checkpoint directory.
+
+    ``latest`` must hold the name of a ``step-NNNNNNNN`` directory of the same ``checkpoints/``
+    directory (no path, no ``..``, no link out of it): a run is never resumed, evaluated or
+    pruned through another run's files.
+
+    Raises:
+        CheckpointError: no such path, no or a bad ``latest``, or a checkpoint directory that
+            is not inside a run's ``checkpoints/`` (its ``fallback`` is the newest checkpoint).
+    """
     path = Path(path)
     if (path / META_FILE).exists() or (path / MODEL_FILE).exists():
+        if path.resolve().parent.name != CHECKPOINT_DIR:
+            raise CheckpointError(
+                f"{path} is not inside a run's {CHECKPOINT_DIR}/ directory; pass the run "
+                f"directory or one of its {CHECKPOINT_DIR}/step-* directories"
+            )
         return path
-    latest = path / CHECKPOINT_DIR / LATEST_FILE
-    if latest.is_file():
-        return path / CHECKPOINT_DIR / latest.read_text().strip()
     if not path.exists():
         raise CheckpointError(f"{path} does not exist")
-    raise CheckpointError(f"{path} holds no checkpoint (no {CHECKPOINT_DIR}/{LATEST_FILE})")
+    root = path / CHECKPOINT_DIR
+    latest = root / LATEST_FILE
+    newest = list_checkpoints(path)
+    fallback = newest[-1] if newest else None
+    if not latest.is_file():
+        if fallback is None:
+            raise CheckpointError(f"{path} holds no checkpoint (no {CHECKPOINT_DIR}/step-*)")
+        raise CheckpointError(f"{latest} is missing; the newest checkpoint is {fallback}", fallback)
+    try:
+        name = latest.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"cannot read {latest}: {exc}", fallback) from exc
+    target = root / name
+    inside = (
+        re.fullmatch(r"step-\d{8,}", name) is not None
+        and target.is_dir()
+        and target.resolve().parent == root.resolve()
+    )
+    if not inside:
+        raise CheckpointError(
+            f"{latest} names {name[:80]!r}, which is not a checkpoint directory of this run "
+            f"(a step-NNNNNNNN directory in {root})"
+            + (f"; the newest checkpoint is {fallback}" if fallback else ""),
+            fallback,
+        )
+    return target
+
+
+def newest_intact(run_dir: Path) -> tuple[Path, str | None]:
+    """The checkpoint of ``run_dir`` to read weights from when none is named.
+
+    ``latest``'s checkpoint when it resolves and its weights verify; otherwise the newest
+    checkpoint whose weights verify, with a note saying which and why (for the user).
+
+    Raises:
+        CheckpointError: no checkpoint of the run has intact weights.
+    """
+    try:
+        ckpt = resolve_checkpoint(run_dir)
+        verify_checkpoint(ckpt, (MODEL_FILE,))
+        return ckpt, None
+    except CheckpointError as exc:
+        problem = exc
+    for candidate in reversed(list_checkpoints(run_dir)):
+        try:
+            verify_checkpoint(candidate, (MODEL_FILE,))
+        except CheckpointError:
+            continue
+        return candidate, f"{problem}; using the newest intact checkpoint, {candidate}"
+    raise problem
+
+
+def _fallback(ckpt: Path) -> Path | None:
+    """The newest checkpoint of ``ckpt``'s run before ``ckpt``, if any."""
+    older = [p for p in list_checkpoints(ckpt.parent.parent) if p.name < ckpt.name]
+    return older[-1] if older else None
 
 
 def _fallback_hint(ckpt: Path) -> str:
-    run_dir = ckpt.parent.parent
-    older = [p for p in list_checkpoints(run_dir) if p.name < ckpt.name]
-    if not older:
-        return "No earlier checkpoint is available."
-    return f"The previous checkpoint is {older[-1]}; pass it to --resume to continue from it."
+    older = _fallback(ckpt)
+    return f"The previous checkpoint is {older}." if older else "No earlier checkpoint exists."
 
 
-def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
-    """Check that ``ckpt``'s files exist and match their recorded hashes; return meta.json."""
+def verify_checkpoint(
+    ckpt: Path, files: tuple[str, ...] = (MODEL_FILE, STATE_FILE)
+) -> dict[str, Any]:
+    """Check that ``ckpt``'s ``files`` exist and match their recorded hashes; return meta.json.
+
+    Readers verify only the files they read (``eval`` needs no intact training state).
+    """
     meta_path = ckpt / META_FILE
     try:
         meta = json.loads(meta_path.read_text())
         hashes = meta["sha256"]
+        if not isinstance(hashes, dict):
+            raise TypeError(f"sha256 is {hashes!r}, not an object")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(
             f"checkpoint metadata {meta_path} is missing or unreadable ({exc}). "
-            + _fallback_hint(ckpt)
+            + _fallback_hint(ckpt),
+            _fallback(ckpt),
         ) from exc
-    for name in (MODEL_FILE, STATE_FILE):
+    for name in files:
         file = ckpt / name
         if not file.is_file():
-            raise CheckpointError(f"checkpoint file {file} is missing. " + _fallback_hint(ckpt))
+            raise CheckpointError(
+                f"checkpoint file {file} is missing. " + _fallback_hint(ckpt), _fallback(ckpt)
+            )
         if _sha256(file) != hashes.get(name):
             raise CheckpointError(
                 f"checkpoint file {file} is truncated or corrupt (its SHA-256 does not match "
-                f"{meta_path}). " + _fallback_hint(ckpt)
+                f"{meta_path}). " + _fallback_hint(ckpt),
+                _fallback(ckpt),
             )
     return meta
 
 
 def load_weights(ckpt: Path, model: nn.Module, device: torch.device | str = "cpu") -> None:
     """Load ``model.safetensors`` of ``ckpt`` into ``model`` (strict), after verification."""
-    verify_checkpoint(ckpt)
+    verify_checkpoint(ckpt, (MODEL_FILE,))
     file = ckpt / MODEL_FILE
     try:
         missing, unexpected = load_model(unwrap(model), str(file), strict=True, device=str(device))
@@ -188,7 +276,7 @@ def load_weights(ckpt: Path, model: nn.Module, device: torch.device | str = "cpu
 
 def load_train_state(ckpt: Path) -> dict[str, Any]:
     """Load ``train_state.pt`` of ``ckpt`` with ``torch.load(weights_only=True)``, on the CPU."""
-    verify_checkpoint(ckpt)
+    verify_checkpoint(ckpt, (STATE_FILE,))
     file = ckpt / STATE_FILE
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)

@@ -7,7 +7,8 @@ and writes the summary:
 - metrics go to ``metrics.jsonl`` (and TensorBoard): ``train/loss``, ``train/{metric}``,
   ``train/lr``, ``perf/sequences_per_s``, ``eval/{metric}``, ``eval/loss``,
   ``eval/batch_{metric}``, ``eval/best_batch_{metric}``, ``eval/{metric}_group_{g}``,
-  ``time_s``;
+  ``time_s``; a time limit that stops the run off the ``eval_every`` grid logs one more
+  evaluation, marked ``stop``, which a resume replaces by the uninterrupted run's records;
 - checkpoints are atomic (:mod:`relmem.train.checkpoint`); a resumed CPU run ends bit-identical
   to an uninterrupted one;
 - SIGINT/SIGTERM finish the current step, checkpoint and exit; a non-finite loss stops the run
@@ -31,6 +32,7 @@ from relmem.tasks.base import MetricSpec
 from relmem.train import checkpoint as ckpt_io
 from relmem.train.config import TrainConfig
 from relmem.train.distributed import barrier, init_distributed, shutdown_distributed
+from relmem.train.metrics import STOP_KEY
 from relmem.train.trainer import Trainer, TrainingDiverged
 
 EXIT_OK = 0
@@ -104,14 +106,18 @@ def run(config: TrainConfig, task_name: str, *, argv: list[str] | None = None) -
         CheckpointError: ``config.resume`` names a damaged or missing checkpoint.
     """
     info, device = init_distributed(config.device)
+    trainer = None
     try:
-        result = _train(Trainer(config, task_name, info, device, argv))
+        trainer = Trainer(config, task_name, info, device, argv)
+        result = _train(trainer)
         # Every rank finishes before any tears down its connections. Once, under a loaded CI
         # run, rank 1 aborted ("terminate called without an active exception") destroying its
         # gloo group while rank 0 was still writing the summary.
         barrier(info)
         return result
     finally:
+        if trainer is not None:
+            trainer.release()
         shutdown_distributed()
 
 
@@ -143,9 +149,12 @@ def _train(trainer: Trainer) -> RunResult:
                 metrics: dict[str, float] = {}
                 if step % config.log_every == 0 or done:
                     metrics.update(trainer.train_metrics())
-                if step % config.eval_every == 0 or done or outcome.time_up:
-                    last_eval, last_eval_step = trainer.evaluate(), step
+                on_grid = step % config.eval_every == 0 or done
+                if on_grid or outcome.time_up:
+                    last_eval, last_eval_step = trainer.evaluate(keep_best=on_grid), step
                     metrics.update(last_eval)
+                    if not on_grid:  # a resume cuts this record: see metrics.STOP_KEY
+                        metrics[STOP_KEY] = 1.0
                 if metrics and trainer.logger is not None:
                     metrics["time_s"] = progress.elapsed()
                     trainer.logger.log_dict(metrics, step)

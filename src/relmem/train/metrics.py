@@ -1,15 +1,24 @@
 """Metric logging: a three-method logger protocol, JSONL and TensorBoard back-ends.
 
 ``metrics.jsonl`` is the source of truth for plots (``relmem plot`` reads only it); each line is
-``{"step": ..., "time_s": ..., <metric>: ...}``. TensorBoard is an optional mirror.
+``{"step": ..., "time_s": ..., <metric>: ...}``. It is append-only: a resume cuts it back at a
+record boundary (:class:`JsonlLogger`), so a kill never loses a record the last checkpoint
+covers. TensorBoard is an optional mirror.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any, Protocol
+
+from relmem.train import faults
+
+# Set (to 1) on the evaluation logged when a time limit stops a run off the evaluation grid: an
+# uninterrupted run has no such record, so a resume cuts it (``JsonlLogger``).
+STOP_KEY = "stop"
 
 
 class MetricLogger(Protocol):
@@ -32,36 +41,109 @@ def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+class MetricsFileError(ValueError):
+    """A ``metrics.jsonl`` line other than the last is not a JSON object (not a torn write)."""
+
+
+def _parse_line(line: bytes) -> dict[str, Any] | None:
+    """The record of one line, or None when it is not a JSON object."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _scan(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], int, bool]:
+    """``([(start offset, record)], end of the last complete record, torn)`` of ``path``.
+
+    The last line is torn when it lacks its newline or does not parse: a kill cut its write.
+
+    Raises:
+        MetricsFileError: an earlier line does not parse (the file is damaged otherwise).
+    """
+    data = path.read_bytes()
+    lines = data.split(b"\n")  # the last item follows the last newline (b"" when complete)
+    records, offset, torn = [], 0, False
+    for number, line in enumerate(lines, start=1):
+        last = number == len(lines) or (number == len(lines) - 1 and not lines[-1].strip())
+        if line.strip():
+            record = _parse_line(line)
+            if record is None or number == len(lines):  # unparsable, or no newline after it
+                if not last:
+                    raise MetricsFileError(
+                        f"{path}, line {number}, is not a JSON record; remove or repair that "
+                        "line (only a torn last line is repaired automatically)"
+                    )
+                torn = True
+                break
+            records.append((offset, record))
+        offset += len(line) + 1
+    return records, min(offset, len(data)), torn
+
+
 class JsonlLogger:
     """Append one JSON object per :meth:`log_dict` call to ``path`` (non-finite → null).
 
-    A new run (``resume_step`` None) starts the file afresh. When resuming at ``resume_step``,
-    lines of steps after it (logged by the interrupted run after its last checkpoint) are
-    dropped so the file reads as one continuous run.
+    The file is append-only. A new run (``resume_step`` None) starts it empty. A resumed run
+    first cuts it back by truncation, never by rewriting: to the records at or before
+    ``resume_step`` that are not :data:`STOP_KEY` records (everything after them was logged
+    after the checkpoint and is logged again, identically), and without a torn last line (a
+    kill in mid-write), which is reported on stderr with the file and the step. A kill at any
+    moment therefore leaves every record up to the last checkpoint in place.
+
+    Raises:
+        MetricsFileError: a line other than the last is damaged (named with its number).
     """
 
     def __init__(self, path: Path, resume_step: int | None = None) -> None:
         self.path = Path(path)
-        if resume_step is None:
-            self.path.write_text("")
-        elif self.path.exists():
-            kept = [
-                line
-                for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= resume_step
-            ]
-            self.path.write_text("".join(line + "\n" for line in kept))
+        cut = 0 if resume_step is None else resume_cut(self.path, resume_step)
+        if cut is not None:
+            with open(self.path, "ab") as f:
+                f.truncate(cut)
         self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - closed in close()
 
     def log_dict(self, metrics: dict[str, float], step: int) -> None:
         record = {"step": step, **{k: _finite_or_none(float(v)) for k, v in metrics.items()}}
-        self._file.write(json.dumps(record) + "\n")
+        line = json.dumps(record) + "\n"
+        if faults.armed("log", step):  # test hook: die with half of this line written
+            self._file.write(line[: len(line) // 2])
+            self._file.flush()
+            faults.kill_if_armed("log", step)
+        self._file.write(line)
 
     def log_config(self, config: dict[str, Any]) -> None:
         """The config lives in ``config.json``; nothing to add to the metric stream."""
 
     def close(self) -> None:
         self._file.close()
+
+
+def resume_cut(path: Path, resume_step: int) -> int | None:
+    """The length to truncate ``path`` to before a run resumes at ``resume_step``.
+
+    None: no file (nothing to cut). Prints a warning naming the file and the step when a torn
+    last line is dropped.
+
+    Raises:
+        MetricsFileError: a line other than the last is damaged.
+    """
+    if not path.exists():
+        return None
+    records, end, torn = _scan(path)
+    if torn:
+        print(
+            f"relmem: warning: {path} ended in a torn line (a write cut by a kill); dropped it, "
+            f"resuming at step {resume_step}",
+            file=sys.stderr,
+            flush=True,
+        )
+    for offset, record in records:
+        step = record.get("step")
+        if not isinstance(step, int) or step > resume_step or record.get(STOP_KEY):
+            return offset
+    return end
 
 
 class TensorBoardLogger:
@@ -103,5 +185,10 @@ class MultiLogger:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All records of a ``metrics.jsonl`` file, in order."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """All complete records of a ``metrics.jsonl`` file, in order (a torn last line is left out).
+
+    Raises:
+        OSError: the file cannot be read.
+        MetricsFileError: a line other than the last is damaged.
+    """
+    return [record for _, record in _scan(Path(path))[0]]

@@ -65,12 +65,39 @@ def new_run_dir(config: TrainConfig, task_name: str, info: DistInfo) -> Path:
     return run_dir
 
 
-def record_invocation(
-    run_dir: Path, config: TrainConfig, device: torch.device, info: DistInfo, argv: list[str] | None
-) -> None:
-    """Append this invocation (command line, versions, git SHA, device) to ``run.json``."""
+def read_invocations(run_dir: Path) -> dict[str, Any] | None:
+    """``run.json``'s record (``{"invocations": [...]}``), a new one when there is none, or
+    None when the file is damaged (:func:`record_invocation` then keeps it aside and warns)."""
     path = run_dir / "run.json"
-    record = json.loads(path.read_text()) if path.exists() else {"invocations": []}
+    if not path.exists():
+        return {"invocations": []}
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(record, dict) and isinstance(record.get("invocations"), list)
+    return record if ok else None
+
+
+def record_invocation(
+    run_dir: Path,
+    config: TrainConfig,
+    device: torch.device,
+    info: DistInfo,
+    argv: list[str] | None,
+    record: dict[str, Any] | None,
+) -> None:
+    """Append this invocation (command line, versions, git SHA, device) to ``run.json``.
+
+    ``record`` is :func:`read_invocations`' result, read before anything in the run changed;
+    None (a damaged file) moves the file to ``run.json.damaged`` and starts a new history.
+    """
+    path = run_dir / "run.json"
+    if record is None:
+        kept = path.with_name("run.json.damaged")
+        os.replace(path, kept)
+        print(f"relmem: warning: {path} was damaged; kept it as {kept}", file=sys.stderr)
+        record = {"invocations": []}
     record["invocations"].append(
         {
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -115,7 +142,8 @@ def load_trained(
 
     Args:
         run_dir: the run directory.
-        checkpoint: a checkpoint directory; None means the run's latest.
+        checkpoint: a checkpoint directory; None means the run's latest, or when ``latest`` is
+            missing or bad or its weights damaged, the newest intact one (named on stderr).
         device: where to put the model.
 
     Returns:
@@ -123,7 +151,12 @@ def load_trained(
     """
     task_name, config = load_run_config(run_dir)
     task = get_task(task_name).build(config.task)
-    ckpt = ckpt_io.resolve_checkpoint(checkpoint if checkpoint is not None else run_dir)
+    if checkpoint is None:
+        ckpt, note = ckpt_io.newest_intact(run_dir)
+        if note:
+            print(f"relmem: warning: {note}", file=sys.stderr)
+    else:
+        ckpt = ckpt_io.resolve_checkpoint(checkpoint)
     model = build_model(config, task).to(device)
     ckpt_io.load_weights(ckpt, model, device)
     return config, task_name, task, model.eval(), ckpt

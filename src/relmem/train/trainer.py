@@ -40,7 +40,14 @@ from relmem.train.distributed import (
 )
 from relmem.train.evaluation import Totals, accumulator_dtype, autocast, evaluate
 from relmem.train.metrics import JsonlLogger, MetricLogger, MultiLogger, TensorBoardLogger
-from relmem.train.runs import build_model, new_run_dir, record_invocation, write_json
+from relmem.train.lock import RunLock
+from relmem.train.runs import (
+    build_model,
+    new_run_dir,
+    read_invocations,
+    record_invocation,
+    write_json,
+)
 
 # Independent random streams, mixed with the seed and the step (relmem.tasks.base.derive_seed).
 STREAM_TRAIN = 1
@@ -173,12 +180,17 @@ class Trainer:
             ids = [device.index] if device.type == "cuda" else None
             self.wrapped = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         self.config_dict = {"task_name": task_name, **config_to_dict(config)}
+        self.lock: RunLock | None = None  # rank 0's lock on the run directory
         self.logger = (
             self._open_logs(resumed=saved is not None, argv=argv) if info.is_main else None
         )
         self.held_out = self.task.held_out(device)
         self.window = Totals(self.task, device)  # the training metrics since the last log line
         self.window_steps, self.window_start = 0, time.perf_counter()
+        if saved is not None and "train_window" in saved and info.is_main:
+            # the sums since the last log line, all ranks' together (on rank 0 alone: the next
+            # all-reduce adds them once), so the first record after a resume covers every step
+            self.window.sums.copy_(saved["train_window"])
 
     def _restore(self, saved: dict[str, Any]) -> None:
         """Optimiser, schedule, counters, RNG and carried state from a checkpoint."""
@@ -199,18 +211,30 @@ class Trainer:
             self.state = _state_from_leaves(template, [t[rows].to(self.device) for t in leaves])
 
     def _open_logs(self, resumed: bool, argv: list[str] | None) -> MetricLogger:
-        """Write ``config.json`` and ``run.json``, open the metric loggers, announce the run."""
+        """Lock the run directory, check what is in it, then write ``config.json`` and
+        ``run.json``, open the metric loggers and announce the run.
+
+        Nothing in the directory changes until the lock is held and ``run.json`` and
+        ``metrics.jsonl`` have been read (a damaged ``metrics.jsonl`` stops the run here).
+        """
         config, step = self.config, self.progress.step
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.lock = RunLock(self.run_dir)
+        try:
+            invocations = read_invocations(self.run_dir)
+            jsonl = JsonlLogger(
+                self.run_dir / "metrics.jsonl", resume_step=step if resumed else None
+            )
+        except BaseException:
+            self.lock.release()
+            raise
         # overrides given with --resume (e.g. more steps) become the run's config
         write_json(
             self.run_dir / "config.json",
             self.config_dict | {"resume": None} if resumed else self.config_dict,
         )
-        record_invocation(self.run_dir, config, self.device, self.info, argv)
-        loggers: list[MetricLogger] = [
-            JsonlLogger(self.run_dir / "metrics.jsonl", resume_step=step if resumed else None)
-        ]
+        record_invocation(self.run_dir, config, self.device, self.info, argv, invocations)
+        loggers: list[MetricLogger] = [jsonl]
         if config.tensorboard:
             loggers.append(TensorBoardLogger(self.run_dir / "tb", purge_step=step or None))
         logger = MultiLogger(loggers)
@@ -290,19 +314,27 @@ class Trainer:
             "perf/sequences_per_s": rate,
         }
 
-    def evaluate(self) -> dict[str, float]:
-        """The held-out metrics and this step's fresh batch (``eval/...``)."""
+    def evaluate(self, keep_best: bool = True) -> dict[str, float]:
+        """The held-out metrics and this step's fresh batch (``eval/...``).
+
+        ``keep_best=False`` (an evaluation off the ``eval_every`` grid, when a time limit stops
+        the run) reports the best batch including this one without keeping it, so that a
+        resumed run's later records equal an uninterrupted run's.
+        """
         m, config = self.metric.name, self.config
         result = evaluate(self.model, self.task, self.held_out, info=self.info, bf16=config.bf16)
         fresh = self.sample(STREAM_EVAL_BATCH, config.eval_batch)
         batch_value = evaluate(self.model, self.task, fresh, info=self.info, bf16=config.bf16)[m]
-        if self.metric.improves(batch_value, self.progress.best_batch):
-            self.progress.best_batch = batch_value
+        best = self.progress.best_batch
+        if self.metric.improves(batch_value, best):
+            best = batch_value
+        if keep_best:
+            self.progress.best_batch = best
         return {
             f"eval/{m}": result[m],
             "eval/loss": result["loss"],
             f"eval/batch_{m}": batch_value,
-            f"eval/best_batch_{m}": self.progress.best_batch,
+            f"eval/best_batch_{m}": best,
             **{f"eval/{m}_group_{g}": v for g, v in result["groups"].items()},
         }
 
@@ -315,6 +347,7 @@ class Trainer:
         if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
             raise TrainingDiverged(f"the weights became non-finite by step {self.progress.step}")
         carried = [all_gather_rows(t, self.info).cpu() for t in _state_leaves(self.state)]
+        window = all_reduce_sum(self.window.sums.clone(), self.info).cpu()
         if self.info.is_main:
             progress, device = self.progress, self.device
             train_state = {
@@ -328,6 +361,7 @@ class Trainer:
                 "elapsed_s": progress.elapsed(),
                 f"best_batch_{self.metric.name}": progress.best_batch,
                 "carried_state": carried,
+                "train_window": window,
                 "task_name": self.task_name,
                 "config": json.dumps(self.config_dict),
                 "world_size": self.info.world_size,
@@ -340,6 +374,11 @@ class Trainer:
                 keep=self.config.keep_checkpoints,
             )
         barrier(self.info)
+
+    def release(self) -> None:
+        """Release the run directory's lock (rank 0; idempotent, also after a failure)."""
+        if self.lock is not None:
+            self.lock.release()
 
     def summary(
         self, status: str, last_eval: dict[str, float] | None, eval_step: int
@@ -372,6 +411,7 @@ class Trainer:
             return
         write_json(self.run_dir / "summary.json", summary)
         self.logger.close()
+        self.release()
         value = summary[f"held_out_{self.metric.name}"]
         shown = "n/a" if value is None else self.metric.format(value)
         print(
