@@ -39,8 +39,8 @@ from relmem.train.distributed import (
     barrier,
 )
 from relmem.train.evaluation import Totals, accumulator_dtype, autocast, evaluate
-from relmem.train.metrics import JsonlLogger, MetricLogger, MultiLogger, TensorBoardLogger
 from relmem.train.lock import RunLock
+from relmem.train.metrics import JsonlLogger, MetricLogger, MultiLogger, TensorBoardLogger
 from relmem.train.runs import (
     build_model,
     new_run_dir,
