@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import tyro
 
 from relmem.tasks.registry import default_preset, get_preset, get_task, list_presets, list_tasks
-from relmem.train.checkpoint import CheckpointError, resolve_checkpoint
+from relmem.train.checkpoint import CHECKPOINT_DIR, CheckpointError, resolve_checkpoint
 from relmem.train.config import TrainConfig
+from relmem.train.lock import RunLockedError, check_unlocked
 from relmem.train.loop import run
 from relmem.train.runs import load_run_config
 
@@ -45,6 +47,9 @@ def parse(argv: list[str]) -> tuple[str, TrainConfig]:
     if known.resume is not None:
         if known.preset is not None:
             raise ValueError("--preset and --resume exclude each other: a run keeps its config")
+        given = Path(known.resume)  # a run directory or one of its checkpoints
+        # a run in training changes under its readers: refuse clearly before reading it
+        check_unlocked(given.parent.parent if given.parent.name == CHECKPOINT_DIR else given)
         ckpt = resolve_checkpoint(known.resume)
         _, default = load_run_config(ckpt.parent.parent)
         default.resume = ckpt
@@ -74,10 +79,17 @@ def main(argv: list[str]) -> int:
         task_name, config = parse(argv)
     except SystemExit as exc:  # tyro has printed help or a boxed error message
         return int(exc.code or 0)
-    except (KeyError, ValueError, TypeError, CheckpointError, FileNotFoundError) as exc:
+    except (
+        KeyError,
+        ValueError,
+        TypeError,
+        CheckpointError,
+        FileNotFoundError,
+        RunLockedError,
+    ) as exc:
         return _error(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc))
     try:
         result = run(config, task_name, argv=["relmem", "train", *argv])
-    except (ValueError, CheckpointError, FileExistsError) as exc:
+    except (ValueError, CheckpointError, FileExistsError, RunLockedError) as exc:
         return _error(str(exc))
     return result.exit_code

@@ -20,20 +20,34 @@ class RunLockedError(RuntimeError):
     """Another process is training in the run directory."""
 
 
+def check_unlocked(run_dir: Path) -> None:
+    """Raise :class:`RunLockedError` if a process holds ``run_dir``'s lock (creates nothing).
+
+    For a clear error before reading a run that another process is changing; the lock itself
+    is :class:`RunLock`'s.
+    """
+    try:
+        RunLock(run_dir, create=False).release()
+    except FileNotFoundError:
+        pass  # never locked
+
+
 class RunLock:
     """An exclusive lock on a run directory, taken by the constructor.
 
     Args:
         run_dir: an existing run directory.
+        create: create the lock file if it is missing (else ``FileNotFoundError``).
 
     Raises:
         RunLockedError: another process holds it (the message names its pid and host).
         OSError: the lock file cannot be created.
     """
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, create: bool = True) -> None:
         path = Path(run_dir) / LOCK_FILE
-        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        flags = os.O_RDWR | os.O_CREAT if create else os.O_RDONLY
+        self._fd: int | None = os.open(path, flags, 0o644)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -43,8 +57,9 @@ class RunLock:
                 f"run directory {run_dir} is in use by another training process ({holder}); "
                 "wait for it to end or stop it first"
             ) from None
-        os.ftruncate(self._fd, 0)
-        os.write(self._fd, f"pid {os.getpid()} on {platform.node()}\n".encode())
+        if create:
+            os.ftruncate(self._fd, 0)
+            os.write(self._fd, f"pid {os.getpid()} on {platform.node()}\n".encode())
 
     def release(self) -> None:
         """Drop the lock (closing the file releases it); idempotent."""
