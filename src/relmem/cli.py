@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
-        print(f"relmem: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        known = ", ".join(COMMANDS)
+        print(f"relmem: error: unknown command {name!r}; commands: {known}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
     return int(module.main(rest) or 0)

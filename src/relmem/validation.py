@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
+
 
 def _prefix(owner: str | None) -> str:
     return f"{owner}: " if owner else ""
@@ -120,3 +122,35 @@ def check_choice(
         shown = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{_prefix(owner)}{name} must be one of {shown}, got {value!r}")
     return value
+
+
+def check_factory(device: Any, dtype: Any, *, owner: str) -> dict[str, Any]:
+    """``{"device": device, "dtype": dtype}``, the factory arguments of a module's parameters,
+    once both are usable.
+
+    Raises:
+        TypeError: ``dtype`` is neither None nor a floating-point ``torch.dtype``.
+        ValueError: ``device`` is neither None nor a device torch can parse, or names an
+            accelerator this machine lacks.
+    """
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(
+            f"{owner}: dtype must be None or a floating-point torch.dtype (such as "
+            f"torch.float32), got {dtype!r}"
+        )
+    if device is not None:
+        try:
+            parsed = torch.device(device)
+        except (RuntimeError, TypeError, ValueError):
+            raise ValueError(
+                f"{owner}: device must be None, a torch.device or a name such as 'cpu' or "
+                f"'cuda:0', got {device!r}"
+            ) from None
+        available = {
+            "cuda": torch.cuda.is_available()
+            and (parsed.index is None or parsed.index < torch.cuda.device_count()),
+            "mps": torch.backends.mps.is_available(),
+        }
+        if not available.get(parsed.type, True):
+            raise ValueError(f"{owner}: device {device!r} is not available on this machine")
+    return {"device": device, "dtype": dtype}

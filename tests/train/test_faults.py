@@ -3,10 +3,9 @@
 One tiny run is driven through every way a training process stops early, each time resumed
 from what it left: SIGKILL inside a checkpoint write, inside a log write, between a checkpoint's
 rename and ``latest`` (the ``RELMEM_TEST_KILL_AT`` hook of :mod:`relmem.train.faults` makes
-those windows reachable), SIGKILL and SIGTERM at random moments, and a time limit off the log
-grid, and a SIGTERM. Its weights, Adam state and every metric record (wall time aside) must equal those of an
-uninterrupted run of the same seed; the checkpoint, log and evaluation cadences are chosen so
-that no stop falls on a log step.
+those windows reachable), SIGKILL at random moments, SIGTERM, and a time limit, the last two off
+the log, evaluation and checkpoint grids. Its weights, Adam state and every metric record (wall
+time aside) must equal those of an uninterrupted run of the same seed.
 """
 
 from __future__ import annotations

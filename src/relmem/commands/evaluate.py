@@ -14,11 +14,12 @@ from typing import Annotated
 
 import tyro
 
+from relmem.commands.errors import describe_error
 from relmem.tasks.registry import get_task
 from relmem.train.checkpoint import CheckpointError
 from relmem.train.distributed import resolve_device
 from relmem.train.evaluation import evaluate
-from relmem.train.runs import load_trained
+from relmem.train.runs import MAX_PARAMETERS, load_trained
 
 
 @dataclass
@@ -31,6 +32,8 @@ class EvalArgs:
         device: auto, cpu, cuda or mps.
         test_size: held-out sequences (None: the run's own setting).
         json_out: where to write the result (None: ``RUN_DIR/eval.json``).
+        max_parameters: refuse to build a model larger than this (a config.json from
+            elsewhere cannot make the command allocate without bound).
     """
 
     run_dir: Annotated[Path, tyro.conf.Positional]
@@ -38,6 +41,7 @@ class EvalArgs:
     device: str = "auto"
     test_size: int | None = None
     json_out: Path | None = None
+    max_parameters: int = MAX_PARAMETERS
 
 
 def main(argv: list[str]) -> int:
@@ -48,7 +52,9 @@ def main(argv: list[str]) -> int:
         return int(exc.code or 0)
     try:
         device = resolve_device(args.device)
-        config, task_name, task, model, ckpt = load_trained(args.run_dir, args.checkpoint, device)
+        config, task_name, task, model, ckpt = load_trained(
+            args.run_dir, args.checkpoint, device, args.max_parameters
+        )
         if args.test_size is not None:
             if args.test_size < 1:
                 raise ValueError(f"--test-size must be >= 1, got {args.test_size}")
@@ -56,9 +62,8 @@ def main(argv: list[str]) -> int:
             task = get_task(task_name).build(config.task)
         held_out = task.held_out(device)
         result = evaluate(model, task, held_out)
-    except (ValueError, TypeError, KeyError, CheckpointError, FileNotFoundError) as exc:
-        print(f"relmem eval: error: {exc}", file=sys.stderr)
-        return 2
+    except (ValueError, TypeError, KeyError, CheckpointError, OSError) as exc:
+        return _error(describe_error(exc, "--checkpoint"))
     step = json.loads((ckpt / "meta.json").read_text())["step"]
     metric = task.metric
     print(f"{task_name} / {config.model}, checkpoint {ckpt} (step {step})")
@@ -79,6 +84,14 @@ def main(argv: list[str]) -> int:
         "group_name": task.group_name,
         **result,
     }
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    try:
+        out.write_text(json.dumps(record, indent=2) + "\n")
+    except OSError as exc:
+        return _error(f"--json-out {out}: {exc.strerror or exc}")
     print(f"written {out}")
     return 0
+
+
+def _error(message: str) -> int:
+    print(f"relmem eval: error: {message}", file=sys.stderr)
+    return 2

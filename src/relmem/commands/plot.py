@@ -19,11 +19,14 @@ from typing import Annotated, Any
 import torch
 import tyro
 
+from relmem.commands.errors import describe_error
 from relmem.cores.rmc import RelationalMemory
-from relmem.tasks.base import ACCURACY, MetricSpec
+from relmem.models import SequenceModel
+from relmem.tasks.base import ACCURACY, MetricSpec, Task
 from relmem.train.checkpoint import CheckpointError
-from relmem.train.metrics import read_metrics
-from relmem.train.runs import load_trained
+from relmem.train.config import TrainConfig
+from relmem.train.metrics import MetricsFileError, read_metrics
+from relmem.train.runs import MAX_PARAMETERS, load_trained
 
 
 @dataclass
@@ -36,6 +39,7 @@ class PlotArgs:
         examples: held-out sequences to draw attention maps for (RMC runs).
         block: which attention block to draw (0-based).
         checkpoint: a checkpoint directory instead of the run's latest.
+        max_parameters: refuse to build a model larger than this.
     """
 
     run_dir: Annotated[Path, tyro.conf.Positional]
@@ -43,6 +47,7 @@ class PlotArgs:
     examples: int = 3
     block: int = 0
     checkpoint: Path | None = None
+    max_parameters: int = MAX_PARAMETERS
 
 
 def plot_curves(
@@ -159,16 +164,49 @@ def main(argv: list[str]) -> int:
         return int(exc.code or 0)
     out = args.out or Path(args.run_dir) / "plots"
     try:
-        config, task_name, task, model, ckpt = load_trained(args.run_dir, args.checkpoint)
-        records = read_metrics(Path(args.run_dir) / "metrics.jsonl")
-    except (ValueError, TypeError, KeyError, CheckpointError, FileNotFoundError) as exc:
-        print(f"relmem plot: error: {exc}", file=sys.stderr)
-        return 2
-    out.mkdir(parents=True, exist_ok=True)
-    curves = out / "curves.png"
-    title = f"{task_name} / {config.model} ({args.run_dir})"
-    plot_curves(records, curves, title, task.plot_levels(), task.metric)
-    print(f"written {curves}")
+        if args.examples < 0:
+            raise ValueError(f"--examples must be >= 0, got {args.examples}")
+        config, task_name, task, model, ckpt = load_trained(
+            args.run_dir, args.checkpoint, max_parameters=args.max_parameters
+        )
+    except (ValueError, TypeError, KeyError, CheckpointError, OSError) as exc:
+        return _error(describe_error(exc, "--checkpoint"))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return _error(f"--out {out}: {describe_error(exc, '--checkpoint')}")
+    metrics = Path(args.run_dir) / "metrics.jsonl"
+    try:
+        records = read_metrics(metrics)
+    except (OSError, MetricsFileError) as exc:  # the attention maps need no metrics
+        curves_error: str | None = describe_error(exc, "--checkpoint")
+    else:
+        curves_error = None
+        curves = out / "curves.png"
+        title = f"{task_name} / {config.model} ({args.run_dir})"
+        plot_curves(records, curves, title, task.plot_levels(), task.metric)
+        print(f"written {curves}")
+    code = _attention(args, out, config, task_name, task, model, ckpt)
+    if curves_error is not None:
+        return _error(f"no learning curves: {curves_error}")
+    return code
+
+
+def _error(message: str) -> int:
+    print(f"relmem plot: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _attention(
+    args: PlotArgs,
+    out: Path,
+    config: TrainConfig,
+    task_name: str,
+    task: Task,
+    model: SequenceModel,
+    ckpt: Path,
+) -> int:
+    """Draw the attention maps of ``args.examples`` held-out sequences (RMC, last-step task)."""
     if task.spec.per_step:
         print(f"no attention maps: they are drawn for last-step tasks, not {task_name!r}")
         return 0
@@ -177,11 +215,9 @@ def main(argv: list[str]) -> int:
         print(f"no attention maps: model {config.model!r} has no attention")
         return 0
     if not 0 <= args.block < core.config.num_blocks:
-        print(
-            f"relmem plot: error: --block must be in 0..{core.config.num_blocks - 1}",
-            file=sys.stderr,
-        )
-        return 2
+        return _error(f"--block must be in 0..{core.config.num_blocks - 1}, got {args.block}")
+    if args.examples == 0:
+        return 0
     held_out = task.held_out(torch.device("cpu"))
     logits, _ = model(held_out.inputs[: args.examples])
     for i in range(min(args.examples, held_out.size)):

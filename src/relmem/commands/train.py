@@ -13,12 +13,13 @@ from pathlib import Path
 
 import tyro
 
+from relmem.commands.errors import describe_error
 from relmem.tasks.registry import default_preset, get_preset, get_task, list_presets, list_tasks
 from relmem.train.checkpoint import CHECKPOINT_DIR, CheckpointError, resolve_checkpoint
 from relmem.train.config import TrainConfig
 from relmem.train.lock import RunLockedError, check_unlocked
 from relmem.train.loop import run
-from relmem.train.runs import load_run_config
+from relmem.train.runs import MAX_PARAMETERS, check_model_size, load_run_config
 
 USAGE = """usage: relmem train TASK [--preset NAME] [--resume RUN_DIR] [OVERRIDES...]
 
@@ -26,8 +27,9 @@ tasks: {tasks}
 Run `relmem train TASK --help` for the options of a task."""
 
 
-def _error(message: str) -> int:
-    print(f"relmem train: error: {message}", file=sys.stderr)
+def _error(exc: BaseException) -> int:
+    """Print ``exc`` as the one line of a failed ``relmem train``; exit status 2."""
+    print(f"relmem train: error: {describe_error(exc, '--resume')}", file=sys.stderr)
     return 2
 
 
@@ -36,13 +38,15 @@ def parse(argv: list[str]) -> tuple[str, TrainConfig]:
 
     Raises:
         SystemExit: from tyro, on --help or malformed overrides.
-        KeyError / ValueError / CheckpointError / FileNotFoundError: on bad values.
+        KeyError / ValueError / CheckpointError / FileNotFoundError: on bad values; a model
+        over ``--max-parameters`` is a ValueError.
     """
     task_name, rest = argv[0], argv[1:]
     entry = get_task(task_name)
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--preset")
     pre.add_argument("--resume")
+    pre.add_argument("--max-parameters", type=int, default=MAX_PARAMETERS)
     known, rest = pre.parse_known_args(rest)
     if known.resume is not None:
         if known.preset is not None:
@@ -51,7 +55,12 @@ def parse(argv: list[str]) -> tuple[str, TrainConfig]:
         # a run in training changes under its readers: refuse clearly before reading it
         check_unlocked(given.parent.parent if given.parent.name == CHECKPOINT_DIR else given)
         ckpt = resolve_checkpoint(known.resume)
-        _, default = load_run_config(ckpt.parent.parent)
+        run_task, default = load_run_config(ckpt.parent.parent)
+        if run_task != task_name:
+            raise ValueError(
+                f"--resume {known.resume} is a run of {run_task!r}, not {task_name!r}; "
+                f"continue it with `relmem train {run_task} --resume {known.resume}`"
+            )
         default.resume = ckpt
     else:
         default = get_preset(task_name, known.preset or default_preset(task_name).name)
@@ -64,9 +73,11 @@ def parse(argv: list[str]) -> tuple[str, TrainConfig]:
         description=(
             f"Train a model on {task_name}. --preset NAME picks the base config ({presets}; "
             f"default: {default_preset(task_name).name}); --resume RUN_DIR continues a run "
-            "with its own config. The options below override either."
+            "with its own config; --max-parameters N refuses larger models (default "
+            f"{MAX_PARAMETERS:,}). The options below override either."
         ),
     )
+    check_model_size(config, entry.build(config.task), known.max_parameters)
     return task_name, config
 
 
@@ -84,12 +95,12 @@ def main(argv: list[str]) -> int:
         ValueError,
         TypeError,
         CheckpointError,
-        FileNotFoundError,
+        OSError,
         RunLockedError,
     ) as exc:
-        return _error(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc))
+        return _error(exc)
     try:
         result = run(config, task_name, argv=["relmem", "train", *argv])
-    except (ValueError, CheckpointError, FileExistsError, RunLockedError) as exc:
-        return _error(str(exc))
+    except (ValueError, CheckpointError, FileExistsError, RunLockedError, OSError) as exc:
+        return _error(exc)
     return result.exit_code

@@ -12,6 +12,7 @@ rejects unknown keys and wrong types.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -51,6 +52,10 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         self.betas = (float(self.betas[0]), float(self.betas[1]))
+        for name in ("lr", "eps", "weight_decay", "min_lr", "grad_clip"):
+            value = getattr(self, name)
+            if value is not None and math.isinf(value):
+                raise ValueError(f"optim.{name} must be finite, got {value}")
         check_positive("optim.", self, "lr", "eps", "grad_clip")
         check_at_least("optim.", self, weight_decay=0, decay_steps=1, min_lr=0)
         if not all(0.0 <= b < 1.0 for b in self.betas):
@@ -128,6 +133,14 @@ class _RunConfig(Generic[TaskConfigT]):
         check_at_least("", self, **dict.fromkeys(counts, 1))
         check_positive("", self, "time_limit_min")
         check_choice("device", self.device, ("auto", "cpu", "cuda", "mps"))
+        if isinstance(self.seed, bool) or not 0 <= self.seed < 2**64:
+            raise ValueError(f"seed must lie in 0..2**64 - 1 (torch's range), got {self.seed}")
+        name = self.run_name
+        if name is not None and (name in ("", ".", "..") or Path(name).name != name):
+            raise ValueError(
+                f"run_name must be a directory name under out_dir (not empty, no '/', not '.' "
+                f"or '..'), got {name!r}"
+            )
 
     def model_config(self) -> Any:
         """The config of the selected model (``getattr(self, self.model)``)."""

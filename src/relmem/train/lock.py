@@ -8,6 +8,7 @@ the same lock but no place for the holder's name, which the error needs.)
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import platform
@@ -26,10 +27,8 @@ def check_unlocked(run_dir: Path) -> None:
     For a clear error before reading a run that another process is changing; the lock itself
     is :class:`RunLock`'s.
     """
-    try:
+    with contextlib.suppress(FileNotFoundError):  # no lock file: never locked
         RunLock(run_dir, create=False).release()
-    except FileNotFoundError:
-        pass  # never locked
 
 
 class RunLock:

@@ -28,6 +28,28 @@ from relmem.train import checkpoint as ckpt_io
 from relmem.train.config import TrainConfig, config_from_dict
 from relmem.train.distributed import DistInfo
 
+# The most parameters a command builds unless --max-parameters lifts it (2^28 float32 weights are
+# 1 GiB, Adam's moments twice that): a config.json from elsewhere cannot ask for any allocation.
+MAX_PARAMETERS = 2**28
+
+
+def check_model_size(config: TrainConfig, task: Task, max_parameters: int = MAX_PARAMETERS) -> int:
+    """The parameter count of ``config``'s model for ``task``, counted on the ``meta`` device
+    (nothing is allocated).
+
+    Raises:
+        ValueError: more than ``max_parameters`` (the message names ``--max-parameters``).
+    """
+    with torch.device("meta"):
+        model = models.build_model(config.model, config.model_config(), config.head, task.spec)
+    count = models.count_parameters(model)
+    if count > max_parameters:
+        raise ValueError(
+            f"model {config.model!r} as configured has {count:,} parameters, more than "
+            f"--max-parameters {max_parameters:,}; pass a larger --max-parameters to build it"
+        )
+    return count
+
 
 def build_model(config: TrainConfig, task: Task) -> nn.Module:
     """The registered model ``config.model`` for ``task``, on the CPU, seeded by ``seed``."""
@@ -122,21 +144,38 @@ def load_run_config(run_dir: Path) -> tuple[str, TrainConfig]:
 
     Raises:
         FileNotFoundError: no ``config.json`` in ``run_dir``.
-        ValueError / TypeError: the file does not describe a valid config.
+        ValueError / TypeError: the file does not describe a valid config (naming the file and
+            the key): not JSON, not an object, an unknown key, a wrong type or a bad value.
     """
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a relmem run directory?")
-    data: dict[str, Any] = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise TypeError(f"{path} must hold a JSON object, got {type(data).__name__}")
     task_name = data.pop("task_name", None)
     if not isinstance(task_name, str):
-        raise ValueError(f"{path}: no task_name")
-    entry = get_task(task_name)
-    return task_name, config_from_dict(TrainConfig[entry.config_cls], data, where=str(path))
+        raise ValueError(f"{path}: task_name must be a string naming a task, got {task_name!r}")
+    try:
+        entry = get_task(task_name)
+    except KeyError as exc:
+        raise ValueError(f"{path}: task_name: {exc.args[0]}") from None
+    try:
+        config = config_from_dict(TrainConfig[entry.config_cls], data, where=str(path))
+    except (TypeError, ValueError) as exc:  # a value check of a config class names no file
+        message = str(exc)
+        raise type(exc)(message if str(path) in message else f"{path}: {message}") from None
+    return task_name, config
 
 
 def load_trained(
-    run_dir: Path, checkpoint: Path | None = None, device: torch.device | str = "cpu"
+    run_dir: Path,
+    checkpoint: Path | None = None,
+    device: torch.device | str = "cpu",
+    max_parameters: int = MAX_PARAMETERS,
 ) -> tuple[TrainConfig, str, Task, nn.Module, Path]:
     """Rebuild a run's task and model and load a checkpoint's weights.
 
@@ -145,12 +184,14 @@ def load_trained(
         checkpoint: a checkpoint directory; None means the run's latest, or when ``latest`` is
             missing or bad or its weights damaged, the newest intact one (named on stderr).
         device: where to put the model.
+        max_parameters: refuse a model larger than this (:func:`check_model_size`).
 
     Returns:
         ``(config, task_name, task, model in eval mode, checkpoint directory)``.
     """
     task_name, config = load_run_config(run_dir)
     task = get_task(task_name).build(config.task)
+    check_model_size(config, task, max_parameters)
     if checkpoint is None:
         ckpt, note = ckpt_io.newest_intact(run_dir)
         if note:

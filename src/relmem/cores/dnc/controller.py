@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relmem.cores.base import check_state_tensor
+from relmem.validation import check_factory
 
 ControllerKind = Literal["lstm", "gru"]
 ControllerState = tuple[Any, ...]
@@ -82,6 +83,7 @@ class Controller(nn.Module):
             raise ValueError(f"Controller: kind must be 'lstm' or 'gru', got {kind!r}")
         if kind == "gru" and forget_bias != 0:
             raise ValueError("Controller: forget_bias applies to an LSTM controller only")
+        check_factory(device, dtype, owner="Controller")
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.num_layers = num_layers

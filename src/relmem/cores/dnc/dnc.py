@@ -25,7 +25,7 @@ from relmem.cores.base import finish_sequence, prepare_sequence, run_cell_loop
 from relmem.cores.dnc.addressing import EPSILON
 from relmem.cores.dnc.controller import Controller, ControllerState
 from relmem.cores.dnc.memory import Compat, DNCMemory, DNCMemoryState, LinkKind
-from relmem.validation import check_float, check_int
+from relmem.validation import check_factory, check_float, check_int
 
 
 class DNCState(NamedTuple):
@@ -169,7 +169,7 @@ class DNCCell(nn.Module):
         if clip_value is None:
             clip_value = 20.0 if compat == "deepmind" else 0.0
         check_float("clip_value", clip_value, minimum=0, owner=name, note=" (0 disables it)")
-        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        factory = check_factory(device, dtype, owner=name)
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.output_size = hidden_size if output_size is None else output_size

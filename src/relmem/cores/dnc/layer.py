@@ -33,7 +33,7 @@ from relmem.cores.dnc.addressing import EPSILON
 from relmem.cores.dnc.controller import Controller, ControllerKind
 from relmem.cores.dnc.dnc import DNCState, check_step_input
 from relmem.cores.dnc.memory import DNCMemory, LinkKind
-from relmem.validation import check_int
+from relmem.validation import check_factory, check_int
 
 
 def reverse_within_lengths(x: Tensor, lengths: Tensor | None) -> Tensor:
@@ -98,7 +98,7 @@ class MemoryControllerLayer(nn.Module):
         check_int("d_model", d_model, owner=name)
         if controller not in ("gru", "lstm"):
             raise ValueError(f"{name}: controller must be 'gru' or 'lstm', got {controller!r}")
-        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        factory = check_factory(device, dtype, owner=name)
         self.d_model = d_model
         self.bidirectional = bidirectional
         self.batch_first = batch_first

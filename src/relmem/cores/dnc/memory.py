@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from relmem.cores.base import check_state_tensor
 from relmem.cores.dnc import addressing as A
-from relmem.validation import check_float, check_int
+from relmem.validation import check_factory, check_float, check_int
 
 Compat = Literal["paper", "deepmind"]
 LinkKind = Literal["dense", "sparse", "none"]
@@ -249,6 +249,7 @@ class DNCMemory(nn.Module):
         )
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 0.1:
             raise ValueError(f"{name}: eps must be a float in (0, 0.1), got {eps!r}")
+        check_factory(device, dtype, owner=name)
         self.input_size = input_size
         self.memory_size = memory_size
         self.word_size = word_size

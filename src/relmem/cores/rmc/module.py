@@ -44,6 +44,7 @@ from relmem.cores.rmc.fast import (
     recurrent_step,
 )
 from relmem.cores.rmc.reference import AttentionBlock, AttentionMLP, reference_step
+from relmem.validation import check_factory
 
 _ARGUMENTS_MARKER = "        <RMCConfig arguments>\n"
 _POSITIONAL_UNTIL = "input_rows"  # RMCConfig's fields up to this one may be given positionally
@@ -136,7 +137,7 @@ class RelationalMemoryCell(nn.Module):
         config, options = _bind(self._signature, (self, *args), kwargs)
         self.config = config
         self.implementation = check_implementation(type(self).__name__, options["implementation"])
-        factory: dict[str, Any] = {"device": options["device"], "dtype": options["dtype"]}
+        factory = check_factory(options["device"], options["dtype"], owner=type(self).__name__)
         m, n = config.mem_size, config.num_input_rows
         self.input_projection = nn.Linear(config.input_size, m, **factory)
         self.blocks = nn.ModuleList(
