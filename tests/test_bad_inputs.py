@@ -90,7 +90,7 @@ CASES: dict[str, Case] = {
     # train: values
     "train-copy-resumes-nth-farthest": Case(("train", "copy", "--resume", "{run}", "--steps", "21"), ("--resume", "nth-farthest")),
     "seed-past-64-bits": Case((*TRAIN, "--seed", str(2**64)), ("seed",), boxed=True),
-    "seed-negative": Case((*TRAIN, "--seed", "-1"), ("seed",), boxed=True),
+    "seed-below-64-bits": Case((*TRAIN, "--seed", str(-(2**63) - 1)), ("seed",), boxed=True),
     "eps-negative": Case((*TRAIN, "--optim.eps", "-1"), ("optim.eps",), boxed=True),
     "weight-decay-negative": Case((*TRAIN, "--optim.weight-decay", "-0.1"), ("optim.weight_decay",), boxed=True),
     "lr-nan": Case((*TRAIN, "--optim.lr", "nan"), ("optim.lr",), boxed=True),

@@ -39,6 +39,17 @@ def check_int(
     return value
 
 
+def check_bool(name: str, value: Any, *, owner: str | None = None) -> bool:
+    """``value`` if it is a ``bool`` (a flag given as 1 or "yes" is refused, not guessed at).
+
+    Raises:
+        TypeError: ``"{owner}: {name} must be True or False, got {value!r}"``.
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{_prefix(owner)}{name} must be True or False, got {value!r}")
+    return value
+
+
 def check_float(
     name: str,
     value: Any,

@@ -133,8 +133,10 @@ class _RunConfig(Generic[TaskConfigT]):
         check_at_least("", self, **dict.fromkeys(counts, 1))
         check_positive("", self, "time_limit_min")
         check_choice("device", self.device, ("auto", "cpu", "cuda", "mps"))
-        if isinstance(self.seed, bool) or not 0 <= self.seed < 2**64:
-            raise ValueError(f"seed must lie in 0..2**64 - 1 (torch's range), got {self.seed}")
+        if isinstance(self.seed, bool) or not -(2**63) <= self.seed < 2**64:
+            raise ValueError(
+                f"seed must lie in -2**63..2**64 - 1 (torch.manual_seed's range), got {self.seed}"
+            )
         name = self.run_name
         if name is not None and (name in ("", ".", "..") or Path(name).name != name):
             raise ValueError(

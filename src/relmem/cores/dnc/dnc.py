@@ -25,7 +25,7 @@ from relmem.cores.base import finish_sequence, prepare_sequence, run_cell_loop
 from relmem.cores.dnc.addressing import EPSILON
 from relmem.cores.dnc.controller import Controller, ControllerState
 from relmem.cores.dnc.memory import Compat, DNCMemory, DNCMemoryState, LinkKind
-from relmem.validation import check_factory, check_float, check_int
+from relmem.validation import check_bool, check_factory, check_float, check_int
 
 
 class DNCState(NamedTuple):
@@ -336,7 +336,7 @@ class DNC(nn.Module):
         bound.apply_defaults()
         arguments = dict(bound.arguments)
         del arguments["self"]
-        self.batch_first: bool = arguments.pop("batch_first")
+        self.batch_first = check_bool("batch_first", arguments.pop("batch_first"), owner="DNC")
         self.cell = DNCCell(**arguments)
 
     __init__.__signature__ = _signature  # type: ignore[attr-defined]

@@ -33,7 +33,7 @@ from relmem.cores.dnc.addressing import EPSILON
 from relmem.cores.dnc.controller import Controller, ControllerKind
 from relmem.cores.dnc.dnc import DNCState, check_step_input
 from relmem.cores.dnc.memory import DNCMemory, LinkKind
-from relmem.validation import check_factory, check_int
+from relmem.validation import check_bool, check_factory, check_int
 
 
 def reverse_within_lengths(x: Tensor, lengths: Tensor | None) -> Tensor:
@@ -100,8 +100,8 @@ class MemoryControllerLayer(nn.Module):
             raise ValueError(f"{name}: controller must be 'gru' or 'lstm', got {controller!r}")
         factory = check_factory(device, dtype, owner=name)
         self.d_model = d_model
-        self.bidirectional = bidirectional
-        self.batch_first = batch_first
+        self.bidirectional = check_bool("bidirectional", bidirectional, owner=name)
+        self.batch_first = check_bool("batch_first", batch_first, owner=name)
         self.pre_encoder = pre_encoder
         self.memory = DNCMemory(
             d_model,

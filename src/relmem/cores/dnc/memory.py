@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from relmem.cores.base import check_state_tensor
 from relmem.cores.dnc import addressing as A
-from relmem.validation import check_factory, check_float, check_int
+from relmem.validation import check_bool, check_factory, check_float, check_int
 
 Compat = Literal["paper", "deepmind"]
 LinkKind = Literal["dense", "sparse", "none"]
@@ -237,19 +237,24 @@ class DNCMemory(nn.Module):
             raise ValueError(f"{name}: compat must be 'paper' or 'deepmind', got {compat!r}")
         if link not in ("dense", "sparse", "none"):
             raise ValueError(f"{name}: link must be 'dense', 'sparse' or 'none', got {link!r}")
-        if link == "sparse":
-            check_int("link_topk", link_topk, owner=name)
-            if link_topk > memory_size:
-                raise ValueError(
-                    f"{name}: link_topk must be at most memory_size = {memory_size}, "
-                    f"got {link_topk}"
-                )
+        check_int("link_topk", link_topk, owner=name)  # also when unused: a typo is still one
+        if link == "sparse" and link_topk > memory_size:
+            raise ValueError(
+                f"{name}: link_topk must be at most memory_size = {memory_size}, got {link_topk}"
+            )
         check_float(
             "interface_clip", interface_clip, minimum=0, owner=name, note=" (0 disables it)"
         )
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 0.1:
             raise ValueError(f"{name}: eps must be a float in (0, 0.1), got {eps!r}")
         check_factory(device, dtype, owner=name)
+        for flag, value in (
+            ("usage_write_grad", usage_write_grad),
+            ("dealloc_content", dealloc_content),
+            ("key_mask", key_mask),
+            ("link_sharpness", link_sharpness),
+        ):
+            check_bool(flag, value, owner=name)
         self.input_size = input_size
         self.memory_size = memory_size
         self.word_size = word_size

@@ -13,6 +13,8 @@ from typing import Any, Literal, NamedTuple
 
 from torch import Tensor
 
+from relmem.validation import check_bool
+
 GateStyle = Literal["unit", "memory"] | None
 QueryRows = Literal["all", "memory"]
 Implementation = Literal["auto", "reference", "fast"]
@@ -154,6 +156,8 @@ class RMCConfig:
                 "RMCConfig: trainable_gate_biases=True needs gating; set gate_style to 'unit' "
                 "or 'memory'"
             )
+        for name in ("output_gate", "share_attention_mlp", "trainable_gate_biases"):
+            check_bool(name, getattr(self, name), owner="RMCConfig")
         for name in ("forget_bias", "input_bias", "output_bias"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):

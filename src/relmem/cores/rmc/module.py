@@ -44,7 +44,7 @@ from relmem.cores.rmc.fast import (
     recurrent_step,
 )
 from relmem.cores.rmc.reference import AttentionBlock, AttentionMLP, reference_step
-from relmem.validation import check_factory
+from relmem.validation import check_bool, check_factory
 
 _ARGUMENTS_MARKER = "        <RMCConfig arguments>\n"
 _POSITIONAL_UNTIL = "input_rows"  # RMCConfig's fields up to this one may be given positionally
@@ -450,7 +450,9 @@ class RelationalMemory(nn.Module):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
         config, options = _bind(self._signature, (self, *args), kwargs)
-        self.batch_first = options["batch_first"]
+        self.batch_first = check_bool(
+            "batch_first", options["batch_first"], owner="RelationalMemory"
+        )
         implementation = options["implementation"]
         self.implementation = check_implementation(type(self).__name__, implementation)
         self.cell = RelationalMemoryCell.from_config(
