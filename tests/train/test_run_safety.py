@@ -1,0 +1,150 @@
+"""A run directory's files under damage: ``latest``, ``metrics.jsonl``, ``run.json``,
+``config.json``, and which commands read what (``eval`` and ``plot`` fall back, ``train``
+refuses and names the option that would work)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from relmem import cli
+from relmem.train import checkpoint as ckpt_io
+from relmem.train.lock import RunLock, RunLockedError
+from relmem.train.loop import run
+from relmem.train.metrics import JsonlLogger, MetricsFileError, read_metrics
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny completed run with checkpoints at steps 10 and 20 (see ``conftest.tiny_config``)."""
+    from conftest import tiny_config
+
+    out = tmp_path_factory.mktemp("trained")
+    run(tiny_config(out, steps=20, checkpoint_every=10, log_every=5), "nth-farthest")
+    return out / "run"
+
+
+@pytest.fixture
+def run_dir(trained: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "copy" / "run"
+    shutil.copytree(trained, copy)
+    return copy
+
+
+def latest(run_dir: Path) -> Path:
+    return run_dir / ckpt_io.CHECKPOINT_DIR / ckpt_io.LATEST_FILE
+
+
+@pytest.mark.parametrize(
+    "text", ["/tmp\n", "../../elsewhere/checkpoints/step-00000020\n", "", "\x00 garbage", "."]
+)
+def test_latest_outside_the_run_is_refused(run_dir: Path, text: str) -> None:
+    latest(run_dir).write_text(text)
+    with pytest.raises(ckpt_io.CheckpointError, match="not a checkpoint directory of this run"):
+        ckpt_io.resolve_checkpoint(run_dir)
+
+
+def test_latest_through_a_link_out_of_the_run_is_refused(run_dir: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    shutil.copytree(run_dir / "checkpoints" / "step-00000020", outside)
+    (run_dir / "checkpoints" / "step-00000099").symlink_to(outside)
+    latest(run_dir).write_text("step-00000099\n")
+    with pytest.raises(ckpt_io.CheckpointError, match="not a checkpoint directory"):
+        ckpt_io.resolve_checkpoint(run_dir)
+
+
+@pytest.mark.parametrize("damage", ["delete", "garbage", "absolute"])
+def test_eval_and_plot_fall_back_to_the_newest_intact_checkpoint(run_dir, damage, capsys):
+    if damage == "delete":
+        latest(run_dir).unlink()
+    else:
+        latest(run_dir).write_text("/etc\n" if damage == "absolute" else "junk")
+    assert cli.main(["eval", str(run_dir), "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert "using the newest intact checkpoint" in captured.err
+    assert "step-00000020" in captured.err and "step-00000020" in captured.out
+    assert cli.main(["plot", str(run_dir), "--examples", "1"]) == 0
+    assert "using the newest intact checkpoint" in capsys.readouterr().err
+
+
+def test_eval_skips_a_checkpoint_with_damaged_weights(run_dir: Path, capsys) -> None:
+    weights = run_dir / "checkpoints" / "step-00000020" / ckpt_io.MODEL_FILE
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert cli.main(["eval", str(run_dir), "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert "model.safetensors is truncated or corrupt" in captured.err
+    assert "step-00000010" in captured.out
+
+
+def test_eval_and_plot_read_no_training_state(run_dir: Path, capsys) -> None:
+    (run_dir / "checkpoints" / "step-00000020" / ckpt_io.STATE_FILE).write_text("junk")
+    assert cli.main(["eval", str(run_dir), "--device", "cpu"]) == 0
+    assert "step-00000020" in capsys.readouterr().out
+    assert cli.main(["plot", str(run_dir), "--examples", "1"]) == 0
+
+
+def test_plot_draws_the_attention_maps_despite_damaged_metrics(run_dir: Path, capsys) -> None:
+    (run_dir / "metrics.jsonl").write_text('{"step": 5}\nnot json\n{"step": 10}\n')
+    assert cli.main(["plot", str(run_dir), "--examples", "1"]) == 2
+    captured = capsys.readouterr()
+    assert "metrics.jsonl, line 2" in captured.err and "attention_example_0.png" in captured.out
+
+
+def test_a_torn_last_line_is_dropped_and_reported(run_dir: Path, tiny, capsys) -> None:
+    metrics = run_dir / "metrics.jsonl"
+    before = read_metrics(metrics)
+    with open(metrics, "a") as f:
+        f.write('{"step": 25, "train/lo')
+    assert read_metrics(metrics) == before  # readers skip it
+    resume = tiny(steps=30, resume=run_dir)
+    resume.out_dir = run_dir.parent
+    run(resume, "nth-farthest")
+    err = capsys.readouterr().err
+    assert f"{metrics} ended in a torn line" in err and "step 20" in err
+    records = read_metrics(metrics)
+    assert records[: len(before)] == before
+    assert [r["step"] for r in records[len(before) :]] == [25, 30]
+
+
+def test_resume_cuts_records_after_the_checkpoint_without_rewriting(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": s}) + "\n" for s in (5, 10, 15, 20)]
+    path.write_text("".join(lines))
+    inode = path.stat().st_ino
+    JsonlLogger(path, resume_step=12).close()
+    assert path.read_text() == "".join(lines[:2]) and path.stat().st_ino == inode
+    path.write_text('{"step": 5}\nnot json\n{"step": 10}\n')
+    with pytest.raises(MetricsFileError, match="line 2"):
+        JsonlLogger(path, resume_step=10)
+
+
+def test_a_failed_resume_changes_nothing(run_dir: Path, capsys) -> None:
+    (run_dir / "metrics.jsonl").write_text('{"step": 5}\nnot json\n{"step": 10}\n')
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    argv = ["train", "nth-farthest", "--resume", str(run_dir), "--steps", "40"]
+    assert cli.main(argv) == 2
+    assert "metrics.jsonl, line 2" in capsys.readouterr().err
+    after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    assert after == before
+
+
+def test_a_damaged_run_json_is_kept_aside_and_the_resume_goes_on(run_dir, capsys) -> None:
+    (run_dir / "run.json").write_text('{"invocations": [')
+    argv = ["train", "nth-farthest", "--resume", str(run_dir), "--steps", "25"]
+    assert cli.main(argv) == 0
+    assert "run.json was damaged" in capsys.readouterr().err
+    assert (run_dir / "run.json.damaged").read_text() == '{"invocations": ['
+    assert len(json.loads((run_dir / "run.json").read_text())["invocations"]) == 1
+
+
+def test_the_lock_names_its_holder(tmp_path: Path) -> None:
+    held = RunLock(tmp_path)
+    try:
+        with pytest.raises(RunLockedError, match=r"in use by another training process \(pid"):
+            RunLock(tmp_path)
+    finally:
+        held.release()
+    RunLock(tmp_path).release()  # free again
