@@ -95,7 +95,13 @@ class MemoryControllerLayer(nn.Module):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        check_int("d_model", d_model, owner=name)
+        for arg, value in (
+            ("d_model", d_model),
+            ("memory_slots", memory_slots),  # named here as the caller knows them, not as
+            ("word_size", word_size),  # DNCMemory's memory_size, num_read_heads
+            ("read_heads", read_heads),
+        ):
+            check_int(arg, value, owner=name)
         if controller not in ("gru", "lstm"):
             raise ValueError(f"{name}: controller must be 'gru' or 'lstm', got {controller!r}")
         factory = check_factory(device, dtype, owner=name)
