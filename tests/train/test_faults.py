@@ -86,7 +86,8 @@ def final_state(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]
 
 
 def sigterm_at(step: int):
-    """A replacement of ``Trainer.step`` that sends this process SIGTERM during ``step``."""
+    """A replacement of ``Trainer.step`` that sends this process SIGTERM during ``step`` (the
+    loop reads the flag before each step, so the run stops after ``step + 1``)."""
     original = Trainer.step
 
     def step_and_signal(self: Trainer, signum: int, time_up: bool) -> Any:
@@ -120,23 +121,23 @@ def kill_resume_compare(tmp_path: Path, monkeypatch, random_kills: int) -> None:
                 assert torn and "metrics.jsonl" in torn[0] and "step 15" in torn[0], err
         assert ckpt_io.resolve_checkpoint(run_dir).name == "step-00000020"
 
+        # SIGTERM arriving in step 33 (seen at the next step's check: the run stops after 34),
+        # in process; then a time limit, up before step 43.
+        monkeypatch.setattr(Trainer, "step", sigterm_at(33))
+        assert cli.main(resume) == EXIT_SIGTERM
+        monkeypatch.undo()
+        assert ckpt_io.resolve_checkpoint(run_dir).name == "step-00000034"
+        monkeypatch.setattr(Progress, "session", lambda self: 1e9 if self.step >= 42 else 0)
+        assert cli.main([*resume, "--time-limit-min", "1"]) == 0
+        monkeypatch.undo()
+        stopped = json.loads((run_dir / "summary.json").read_text())
+        assert stopped["status"] == "time_limit" and stopped["steps"] == 43
+        assert read_metrics(run_dir / "metrics.jsonl")[-1][STOP_KEY] == 1.0
+
         # SIGKILL at random moments (seeded: a failure repeats).
         rng = random.Random(16)
         for _ in range(random_kills):
             stop_at_random(start(resume), signal.SIGKILL, rng)
-
-        step_now = ckpt_io.load_train_state(ckpt_io.resolve_checkpoint(run_dir))["step"]
-        if step_now < 30:  # SIGTERM in step 33, in process; then a time limit up after step 43
-            monkeypatch.setattr(Trainer, "step", sigterm_at(33))
-            assert cli.main(resume) == EXIT_SIGTERM
-            monkeypatch.undo()
-            assert ckpt_io.resolve_checkpoint(run_dir).name == "step-00000033"
-            monkeypatch.setattr(Progress, "session", lambda self: 1e9 if self.step >= 42 else 0)
-            assert cli.main([*resume, "--time-limit-min", "1"]) == 0
-            monkeypatch.undo()
-            stopped = json.loads((run_dir / "summary.json").read_text())
-            assert stopped["status"] == "time_limit" and stopped["steps"] == 43
-            assert read_metrics(run_dir / "metrics.jsonl")[-1][STOP_KEY] == 1.0
         assert cli.main(resume) == 0
     finally:
         torch.set_num_threads(threads)
