@@ -7,6 +7,9 @@ Hypothesis draws a valid set of arguments and, half of the time, spoils one of t
   argument;
 - valid: the module builds, runs a random padded batch forward and backward, and returns
   finite outputs of the documented shape.
+
+The forward call gets the same treatment: a bad ``input``, ``lengths`` or ``state`` raises an
+error naming it.
 """
 
 from __future__ import annotations
@@ -207,5 +210,54 @@ def test_constructor_and_forward(name: str) -> None:
         with pytest.raises((ValueError, TypeError)) as info:
             spec.build(**args)
         assert spoiled in str(info.value), (spoiled, args[spoiled], str(info.value))
+
+    check()
+
+
+BAD_CALLS: dict[str, st.SearchStrategy[Any]] = {
+    "input": st.one_of(
+        st.sampled_from(["x", None, [[1.0]]]),
+        st.builds(lambda f: torch.randn(T, B, f), st.integers(5, 7)),  # wrong feature size
+        st.builds(lambda: torch.randn(T, 4)),  # no batch axis
+        st.builds(lambda: torch.randn(0, B, 4)),  # empty time axis
+        st.builds(lambda: torch.ones(T, B, 4, dtype=torch.long)),
+        st.builds(lambda: torch.randn(T, B, 4, dtype=torch.float64)),
+    ),
+    "lengths": st.one_of(
+        st.lists(st.integers(-3, -1), min_size=B, max_size=B),
+        st.lists(st.integers(T + 1, T + 3), min_size=B, max_size=B),
+        st.lists(st.integers(0, T), min_size=B + 1, max_size=B + 2),
+        st.just([1.5] * B),
+        st.just([True] * B),
+        st.just("ab"),
+        st.just([[1], [2, 3]]),
+    ),
+    "state": st.one_of(
+        st.sampled_from([3, "state", [1.0]]),
+        st.builds(lambda: torch.randn(B + 1, 2, 2)),
+    ),
+}
+CALL_CORES: dict[str, Callable[[], nn.Module]] = {
+    "RelationalMemory-fast": lambda: RelationalMemory(4, 2, 2, 2),
+    "RelationalMemory-reference": lambda: RelationalMemory(4, 2, 2, 2, implementation="reference"),
+    "DNC": lambda: DNC(4, 5, 4, 3, 2),
+    "MemoryControllerLayer": lambda: MemoryControllerLayer(4, 4, 3, 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CALL_CORES))
+def test_a_bad_forward_argument_is_named(name: str) -> None:
+    module = CALL_CORES[name]()
+
+    @settings(max_examples=25, deadline=None)
+    @given(
+        st.sampled_from(sorted(BAD_CALLS)).flatmap(lambda a: st.tuples(st.just(a), BAD_CALLS[a]))
+    )
+    def check(spoiled: tuple[str, Any]) -> None:
+        argument, value = spoiled
+        call = {"input": torch.randn(T, B, 4), "state": None, "lengths": None, argument: value}
+        with pytest.raises((ValueError, TypeError)) as info:
+            module(call["input"], call["state"], lengths=call["lengths"])
+        assert argument in str(info.value), (argument, value, str(info.value))
 
     check()

@@ -159,7 +159,13 @@ def check_lengths(
     """Validate ``lengths`` and return it as ``[B]`` int64 on ``device`` (or None)."""
     if lengths is None:
         return None
-    lengths_t = torch.as_tensor(lengths)
+    try:
+        lengths_t = torch.as_tensor(lengths)
+    except (TypeError, ValueError, RuntimeError):  # a string, ragged lists, ...
+        raise TypeError(
+            f"{module_name}: lengths must be a [B] tensor or sequence of integers, got "
+            f"{type(lengths).__name__}"
+        ) from None
     if lengths_t.is_floating_point() or lengths_t.is_complex() or lengths_t.dtype == torch.bool:
         raise TypeError(f"{module_name}: lengths must be integers, got dtype {lengths_t.dtype}")
     if lengths_t.shape != (batch,):
@@ -170,7 +176,7 @@ def check_lengths(
     if low < 0 or high > steps:
         raise ValueError(
             f"{module_name}: every length must lie in 0..T = 0..{steps}; got values from "
-            f"{low} to {high}"
+            f"{low} to {high} in lengths"
         )
     return lengths_t.to(device=device, dtype=torch.long)
 
