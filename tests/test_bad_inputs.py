@@ -129,6 +129,7 @@ CASES: dict[str, Case] = {
     "eval-test-size-zero": Case(("eval", "{run}", "--test-size", "0"), ("--test-size",)),
     "eval-checkpoint-missing": Case(("eval", "{run}", "--checkpoint", "{tmp}/none"), ("{tmp}/none",)),
     "eval-checkpoint-elsewhere": Case(("eval", "{run}", "--checkpoint", "{tmp}"), ("{tmp}",)),
+    "eval-checkpoint-damaged": Case(("eval", "{run}", "--checkpoint", "{run}/checkpoints/step-00000020"), ("model.safetensors", "--checkpoint", "step-00000010"), write("checkpoints/step-00000020/model.safetensors", "junk")),
     "eval-device-unknown": Case(("eval", "{run}", "--device", "gpu0"), ("gpu0",)),
     "eval-no-checkpoints": Case(("eval", "{run}"), ("checkpoint",), lambda r: shutil.rmtree(r / "checkpoints")),
     # plot

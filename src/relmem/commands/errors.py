@@ -23,5 +23,5 @@ def describe_error(exc: BaseException, checkpoint_option: str) -> str:
     else:
         text = str(exc)
     if isinstance(exc, CheckpointError) and exc.fallback is not None:
-        text += f" (to use it: {checkpoint_option} {exc.fallback})"
+        text = f"{text.rstrip('.')} (to use it: {checkpoint_option} {exc.fallback})"
     return " ".join(text.split())

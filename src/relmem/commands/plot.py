@@ -174,7 +174,8 @@ def main(argv: list[str]) -> int:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        return _error(f"--out {out}: {describe_error(exc, '--checkpoint')}")
+        reason = "not a directory" if out.exists() else exc.strerror or str(exc)
+        return _error(f"--out {out}: {reason}")
     metrics = Path(args.run_dir) / "metrics.jsonl"
     try:
         records = read_metrics(metrics)

@@ -213,7 +213,8 @@ def newest_intact(run_dir: Path) -> tuple[Path, str | None]:
             verify_checkpoint(candidate, (MODEL_FILE,))
         except CheckpointError:
             continue
-        return candidate, f"{problem}; using the newest intact checkpoint, {candidate}"
+        reason = str(problem).rstrip(".")
+        return candidate, f"{reason}; using the newest intact checkpoint, {candidate}"
     raise problem
 
 
