@@ -192,6 +192,7 @@ class Trainer:
         torch.set_rng_state(saved["rng"]["cpu"])
         if self.device.type == "cuda" and saved["rng"]["cuda"]:
             torch.cuda.set_rng_state_all(saved["rng"]["cuda"])
+        self.task.load_state_dict(saved.get("task_state", {}))  # absent before task states
         leaves = saved.get("carried_state", [])  # absent from checkpoints of stateless runs
         if leaves:
             rows = slice(self.info.rank * self.per_rank, (self.info.rank + 1) * self.per_rank)
@@ -286,25 +287,29 @@ class Trainer:
         return {
             "train/loss": means["loss"],
             f"train/{m}": means[m],
+            **{f"train/{x.name}": means[x.name] for x in self.task.extra_metrics},
             "train/lr": self.scheduler.get_last_lr()[0],
             "perf/sequences_per_s": rate,
         }
 
     def evaluate(self) -> dict[str, float]:
-        """The held-out metrics and this step's fresh batch (``eval/...``)."""
+        """The held-out metrics and this step's fresh batch (``eval/...``), and what the task's
+        :meth:`~relmem.tasks.base.Task.after_evaluation` adds (a curriculum's level)."""
         m, config = self.metric.name, self.config
         result = evaluate(self.model, self.task, self.held_out, info=self.info, bf16=config.bf16)
         fresh = self.sample(STREAM_EVAL_BATCH, config.eval_batch)
         batch_value = evaluate(self.model, self.task, fresh, info=self.info, bf16=config.bf16)[m]
         if self.metric.improves(batch_value, self.progress.best_batch):
             self.progress.best_batch = batch_value
-        return {
+        metrics = {
             f"eval/{m}": result[m],
             "eval/loss": result["loss"],
+            **{f"eval/{x.name}": result[x.name] for x in self.task.extra_metrics},
             f"eval/batch_{m}": batch_value,
             f"eval/best_batch_{m}": self.progress.best_batch,
             **{f"eval/{m}_group_{g}": v for g, v in result["groups"].items()},
         }
+        return metrics | self.task.after_evaluation(metrics)
 
     def save(self) -> None:
         """Checkpoint the weights and the training state (rank 0 writes; all ranks wait).
@@ -328,6 +333,7 @@ class Trainer:
                 "elapsed_s": progress.elapsed(),
                 f"best_batch_{self.metric.name}": progress.best_batch,
                 "carried_state": carried,
+                "task_state": self.task.state_dict(),
                 "task_name": self.task_name,
                 "config": json.dumps(self.config_dict),
                 "world_size": self.info.world_size,
@@ -362,6 +368,10 @@ class Trainer:
             "metric": m,
             f"held_out_{m}": None if last_eval is None else last_eval[f"eval/{m}"],
             "held_out_loss": None if last_eval is None else last_eval["eval/loss"],
+            **{
+                f"held_out_{x.name}": None if last_eval is None else last_eval[f"eval/{x.name}"]
+                for x in self.task.extra_metrics
+            },
             f"best_batch_{m}": None if math.isnan(progress.best_batch) else progress.best_batch,
             "run_dir": str(self.run_dir),
         }
