@@ -66,6 +66,7 @@ class Seq2SeqModel(nn.Module):
         program = inputs[:, : self.input_steps]  # [B, T_in]
         if lengths is None:
             lengths = (program != self.decoder.pad_index).sum(1)  # [B]
+        program = program[:, : int(lengths.max())]  # steps past every length change nothing
         _, state = self.core(self.encoder(program), state, lengths=lengths)
         batch, steps = inputs.shape[0], self.decoder.steps
         if self.decoder.teacher_forcing:

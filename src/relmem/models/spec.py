@@ -24,7 +24,8 @@ class DecoderSpec:
         teacher_forcing: the decoder reads ``T_out`` given tokens (``inputs[:, seq_len:]``)
             instead of zeros.
         separate_core: the decoder is a second core of the same kind and size (default: the
-            encoder's core runs on).
+            encoder's core runs on). The encoder's outputs are then unused: a core's output
+            layer that only shapes outputs (the DNC's) gets no gradient.
     """
 
     steps: int
