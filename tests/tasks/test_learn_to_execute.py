@@ -62,7 +62,9 @@ def run_program(code: str) -> int:
         b, c = condition.split(comparator)
         taken = COMPARE[comparator](run_program(b), run_program(c))
         return run_program(code[:branch] if taken else code[orelse + 4 :])
-    cuts = [i for i, char in enumerate(code) if char in ARITHMETIC and top_level(code[i:], char) == 0]
+    cuts = [
+        i for i, char in enumerate(code) if char in ARITHMETIC and top_level(code[i:], char) == 0
+    ]
     depth_zero = [i for i in cuts if code[:i].count("(") == code[:i].count(")")]
     if depth_zero:
         i = depth_zero[-1]

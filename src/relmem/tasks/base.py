@@ -270,7 +270,13 @@ class Task(ABC):
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output when a run resumes."""
+        """Restore :meth:`state_dict`'s output when a run resumes.
+
+        Raises:
+            ValueError: a task without state is given some.
+        """
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state; got keys {sorted(state)}")
 
     def breakdown(self, device: torch.device) -> Batch | None:
         """A fixed set spanning the task's difficulty levels, with ``groups``, that

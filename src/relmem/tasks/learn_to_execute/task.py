@@ -192,7 +192,9 @@ class LearnToExecute(Task):
         mask = batch.mask.to(logits.dtype if logits.is_floating_point() else torch.float32)
         xent = F.cross_entropy(logits.float().transpose(1, 2), batch.targets, reduction="none")
         valid = mask.sum(1)  # [B] true output lengths
-        positions = valid if self.config.loss_norm == "valid" else torch.full_like(valid, mask.shape[1])
+        positions = (
+            valid if self.config.loss_norm == "valid" else torch.full_like(valid, mask.shape[1])
+        )
         correct = (logits.argmax(-1) == batch.targets).float() * mask  # [B, T_out]
         right = correct.sum(1)  # [B]
         return {
