@@ -12,6 +12,7 @@ saved in checkpoints (:meth:`state_dict`), so a resumed run sees the same batche
 from __future__ import annotations
 
 import random
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -140,8 +141,9 @@ class LearnToExecute(Task):
             inputs = torch.cat([inputs, start, target_ids[:, :-1]], dim=1)
         return Batch(inputs, target_ids, groups, mask)
 
-    def level_group(self, length: Tensor, nesting: Tensor) -> Tensor:
-        """The group id ``(length - 1)·N + (nesting - 1)`` of each sample."""
+    def level_group(self, length: Any, nesting: Any) -> Any:
+        """The group id ``(length - 1)·N + (nesting - 1)`` (of ints, or elementwise of
+        ``[B]`` tensors)."""
         return (length - 1) * self.config.max_nesting + (nesting - 1)
 
     def group_label(self, group: int) -> str:
@@ -177,8 +179,7 @@ class LearnToExecute(Task):
             for nesting in range(1, c.max_nesting + 1):
                 seed = derive_seed(c.test_seed, length, nesting)
                 pairs += generate(c.task_type, length, nesting, c.breakdown_size, seed)
-                group = self.level_group(torch.tensor(length), torch.tensor(nesting))
-                groups += [int(group)] * c.breakdown_size
+                groups += [self.level_group(length, nesting)] * c.breakdown_size
         return self.encode(pairs, torch.tensor(groups)).to(device)
 
     def measure(self, logits: Tensor, batch: Batch) -> dict[str, Measure]:
@@ -189,7 +190,7 @@ class LearnToExecute(Task):
             batch: ``targets [B, T_out]`` and ``mask [B, T_out]``.
         """
         assert batch.mask is not None
-        mask = batch.mask.to(logits.dtype if logits.is_floating_point() else torch.float32)
+        mask = batch.mask.float()  # [B, T_out]
         xent = F.cross_entropy(logits.float().transpose(1, 2), batch.targets, reduction="none")
         valid = mask.sum(1)  # [B] true output lengths
         positions = (
@@ -214,6 +215,7 @@ class LearnToExecute(Task):
         return {"curriculum": self.curriculum.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output (``{}``, from a run without it, changes nothing)."""
         if "curriculum" in state:
             self.curriculum.load_state_dict(state["curriculum"])
 
@@ -229,17 +231,14 @@ class LearnToExecute(Task):
         c = self.config
         fit = generate(c.task_type, c.max_length, c.max_nesting, c.test_size, c.test_seed + 1)
         test = generate(c.task_type, c.max_length, c.max_nesting, c.test_size, c.test_seed)
-        counts: dict[tuple[int, int], dict[str, int]] = {}
+        counts: defaultdict[tuple[int, int], Counter[str]] = defaultdict(Counter)
         for _, target in fit:
             for i, char in enumerate(target):
-                table = counts.setdefault((len(target), i), {})
-                table[char] = table.get(char, 0) + 1
+                counts[len(target), i][char] += 1
+        guess = {key: chars.most_common(1)[0][0] for key, chars in counts.items()}
         right = total = solved = 0
         for _, target in test:
-            hits = sum(
-                char == max(counts.get((len(target), i), {"": 0}).items(), key=lambda x: x[1])[0]
-                for i, char in enumerate(target)
-            )
+            hits = sum(guess.get((len(target), i)) == char for i, char in enumerate(target))
             right, total, solved = right + hits, total + len(target), solved + (hits == len(target))
         return right / total, solved / len(test)
 
