@@ -56,8 +56,9 @@ class LearnToExecuteConfig:
         abs_trend: compare the trend's absolute value with the threshold instead.
         loss_norm: 'valid' (mean over the true output characters) or 'all_positions' (the
             reference: the sum over them divided by all ``B·T_out`` positions).
-        teacher_forcing: the decoder reads ``[~] + target[:-1]`` instead of zeros (not the
-            paper's set-up).
+        teacher_forcing: the decoder reads ``[~] + target[:-1]`` instead of zeros, in training
+            and in evaluation alike (not the paper's set-up; evaluation then sees the true
+            previous characters).
         separate_decoder: the decoder is a second core (default: the encoder's core).
         test_size: held-out programs at (L, N) (paper: 12,800).
         test_seed: seed of the held-out set (independent of the training seed).
