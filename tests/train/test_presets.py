@@ -10,7 +10,7 @@ from relmem.tasks import get_preset, get_task, list_presets, list_tasks
 from relmem.tasks.registry import default_preset
 from relmem.train.runs import build_model
 
-LIBRARY_TASKS = {"nth-farthest", "repeat-copy", "copy", "associative-recall"}
+LIBRARY_TASKS = {"nth-farthest", "repeat-copy", "copy", "associative-recall", "lte"}
 PRESETS = [
     (task, entry.library_name) for task in sorted(LIBRARY_TASKS) for entry in list_presets(task)
 ]

@@ -1,7 +1,8 @@
 """``relmem eval RUN_DIR``: the held-out metric of a trained run, broken down by group.
 
 The metric is the task's primary one: accuracy by rank for Nth Farthest, bit errors per
-sequence by pattern length (and repeat count) or item count for the copy tasks.
+sequence by pattern length (and repeat count) or item count for the copy tasks. A task with a
+breakdown set (Learning to Execute: every length and nesting) is broken down on that set.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def main(argv: list[str]) -> int:
             task = get_task(task_name).build(config.task)
         held_out = task.held_out(device)
         result = evaluate(model, task, held_out)
+        levels = task.breakdown(device)
+        breakdown = None if levels is None else evaluate(model, task, levels)
     except (ValueError, TypeError, KeyError, CheckpointError, OSError) as exc:
         return _error(describe_error(exc, "--checkpoint"))
     step = json.loads((ckpt / "meta.json").read_text())["step"]
@@ -71,8 +74,12 @@ def main(argv: list[str]) -> int:
         f"held-out {metric.description} {metric.format(result[metric.name])} on "
         f"{result['count']} sequences, loss {result['loss']:.4f}"
     )
-    print(f"by {task.group_name}:")
-    for group, value in sorted(result["groups"].items()):
+    for extra in task.extra_metrics:
+        print(f"held-out {extra.description} {extra.format(result[extra.name])}")
+    groups = result["groups"] if breakdown is None else breakdown["groups"]
+    where = "" if breakdown is None else f" ({breakdown['count']} other sequences)"
+    print(f"by {task.group_name}{where}:")
+    for group, value in sorted(groups.items()):
         print(f"  {task.group_label(group):28s} {metric.format(value):>8s}")
     out = args.json_out or Path(args.run_dir) / "eval.json"
     record = {
@@ -83,6 +90,7 @@ def main(argv: list[str]) -> int:
         "metric": metric.name,
         "group_name": task.group_name,
         **result,
+        **({} if breakdown is None else {"breakdown": breakdown}),
     }
     try:
         out.write_text(json.dumps(record, indent=2) + "\n")

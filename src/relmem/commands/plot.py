@@ -56,11 +56,13 @@ def plot_curves(
     title: str,
     levels: dict[str, float] | None = None,
     metric: MetricSpec = ACCURACY,
+    extra: tuple[MetricSpec, ...] = (),
 ) -> None:
     """The metric and the loss against steps (top) and wall-clock minutes (bottom).
 
     ``levels`` are dashed reference values drawn across the metric panels (e.g. chance and the
-    2/K plateau of Nth Farthest); ``metric`` is the task's primary metric.
+    2/K plateau of Nth Farthest); ``metric`` is the task's primary metric; the held-out curves
+    of the ``extra`` metrics share its panel.
     """
     import matplotlib
 
@@ -75,6 +77,7 @@ def plot_curves(
         (f"eval/best_batch_{m}", "best fresh batch", 0),
         ("train/loss", "train", 1),
         ("eval/loss", "held-out", 1),
+        *((f"eval/{x.name}", f"held-out {x.description}", 0) for x in extra),
     ]
     for row, xkey, xlabel, scale in ((0, "step", "step", 1.0), (1, "time_s", "minutes", 60.0)):
         for key, label, col in series:
@@ -185,7 +188,7 @@ def main(argv: list[str]) -> int:
         curves_error = None
         curves = out / "curves.png"
         title = f"{task_name} / {config.model} ({args.run_dir})"
-        plot_curves(records, curves, title, task.plot_levels(), task.metric)
+        plot_curves(records, curves, title, task.plot_levels(), task.metric, task.extra_metrics)
         print(f"written {curves}")
     code = _attention(args, out, config, task_name, task, model, ckpt)
     if curves_error is not None:

@@ -124,3 +124,19 @@ def build_last(config: HeadConfig, core_size: int, spec: TaskSpec) -> LastStepML
 def build_per_step(config: HeadConfig, core_size: int, spec: TaskSpec) -> PerStepLinear:
     """:class:`PerStepLinear` to ``spec.output_size`` logits per step."""
     return PerStepLinear(core_size, spec.output_size)
+
+
+class PerStepMLP(LastStepMLP):
+    """:class:`LastStepMLP`'s layers at every step: ``outputs [B, T, H] -> logits [B, T, O]``.
+
+    The paper's Learning to Execute head on each decoder step (``docs/tasks.md`` §2.5).
+    """
+
+    def forward(self, outputs: Tensor, lengths: Tensor | None = None) -> Tensor:
+        return nn.Sequential.forward(self, outputs)
+
+
+@register_head("per_step_mlp")
+def build_per_step_mlp(config: HeadConfig, core_size: int, spec: TaskSpec) -> PerStepMLP:
+    """:class:`PerStepMLP` of ``config.hidden_sizes`` to ``spec.output_size`` logits per step."""
+    return PerStepMLP(core_size, config.hidden_sizes, spec.output_size)

@@ -15,6 +15,7 @@ from relmem.cores.base import zero_padding
 from relmem.models.encoders import build_encoder
 from relmem.models.heads import CoreReadout, HeadConfig, get_head
 from relmem.models.registry import get_model
+from relmem.models.seq2seq import Seq2SeqModel
 from relmem.models.spec import TaskSpec
 
 # Parameter names written by earlier releases, renamed on load so their checkpoints still load.
@@ -60,11 +61,14 @@ def _rename_legacy_keys(state_dict: dict[str, Tensor], prefix: str, *args: Any) 
                 state_dict[prefix + new + key[len(prefix + old) :]] = state_dict.pop(key)
 
 
-def build_model(name: str, config: Any, head: HeadConfig, spec: TaskSpec) -> SequenceModel:
+def build_model(
+    name: str, config: Any, head: HeadConfig, spec: TaskSpec
+) -> SequenceModel | Seq2SeqModel:
     """The registered core ``name`` (with ``config``) between ``spec``'s encoder and head.
 
     A linear per-step head on a core that ends in a linear layer (``readout``) is folded into
-    that layer, so the core emits the logits itself.
+    that layer, so the core emits the logits itself. A task with a ``spec.decoder`` gets a
+    :class:`Seq2SeqModel` around the core (a second one for a separate decoder).
     """
     entry = get_model(name)
     if not isinstance(config, entry.config_cls):
@@ -73,6 +77,18 @@ def build_model(name: str, config: Any, head: HeadConfig, spec: TaskSpec) -> Seq
         )
     head_entry = get_head(spec.output)
     encoder = build_encoder(spec)
+    if spec.decoder is not None:
+        count = 2 if spec.decoder.separate_core else 1
+        cores = [entry.build(config, encoder.output_size, None) for _ in range(count)]
+        decoder_core = cores[1] if count == 2 else None
+        return Seq2SeqModel(
+            encoder,
+            cores[0],
+            head_entry.build(head, cores[0].output_size, spec),
+            spec.seq_len,
+            spec.decoder,
+            decoder_core,
+        )
     if head_entry.linear and entry.readout:
         core = entry.build(config, encoder.output_size, spec.output_size)
         return SequenceModel(encoder, core, CoreReadout())

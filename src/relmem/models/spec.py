@@ -14,6 +14,27 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class DecoderSpec:
+    """The decoder of a sequence-to-sequence task (Learning to Execute, ``docs/tasks.md`` §2.5).
+
+    Attributes:
+        steps: T_out, decoder steps (the padded target length).
+        pad_index: the input token that pads programs; each input's true length is the number
+            of other tokens.
+        teacher_forcing: the decoder reads ``T_out`` given tokens (``inputs[:, seq_len:]``)
+            instead of zeros.
+        separate_core: the decoder is a second core of the same kind and size (default: the
+            encoder's core runs on). The encoder's outputs are then unused: a core's output
+            layer that only shapes outputs (the DNC's) gets no gradient.
+    """
+
+    steps: int
+    pad_index: int
+    teacher_forcing: bool = False
+    separate_core: bool = False
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     """The shapes and kinds a task asks of its models.
 
@@ -31,6 +52,9 @@ class TaskSpec:
             'features' (float ``[B, T, F]`` used as they are), 'one_hot' or 'embedding'
             (int64 ids ``[B, T]``).
         embedding_size: the width of the 'embedding' encoding (None for the others).
+        decoder: None for ``encoder -> core -> head`` over the inputs' steps; a
+            :class:`DecoderSpec` for a sequence-to-sequence model that reads the inputs, then
+            emits ``decoder.steps`` outputs (:mod:`relmem.models.seq2seq`).
     """
 
     input_size: int
@@ -39,6 +63,7 @@ class TaskSpec:
     output: str = "last"
     encoding: str = "features"
     embedding_size: int | None = None
+    decoder: DecoderSpec | None = None
 
     @property
     def per_step(self) -> bool:

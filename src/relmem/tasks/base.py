@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -203,6 +203,8 @@ class Task(ABC):
             detached at each boundary.
         group_name: what ``Batch.groups`` means, for eval tables.
         num_groups: the group ids lie in ``0..num_groups-1`` (0: the task has no groups).
+        extra_metrics: further keys of :meth:`measure` the trainer reports beside the primary
+            one (``train/{name}``, ``eval/{name}``, ``held_out_{name}``).
     """
 
     spec: TaskSpec
@@ -210,6 +212,7 @@ class Task(ABC):
     stateful: bool = False
     group_name: str = "group"
     num_groups: int = 0
+    extra_metrics: tuple[MetricSpec, ...] = ()
 
     @abstractmethod
     def sample(self, batch_size: int, generator: torch.Generator, step: int = 0) -> Batch:
@@ -252,6 +255,34 @@ class Task(ABC):
     def step_labels(self, inputs: Tensor) -> list[str]:
         """A name for each step of one sequence ``inputs [T, F]`` (attention plots' rows)."""
         return [f"row {t}" for t in range(inputs.shape[0])]
+
+    def after_evaluation(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Called by the trainer after every held-out evaluation, on every process, with its
+        metrics (``eval/loss``, ``eval/{metric}``, ...); returns metrics to log beside them.
+
+        A curriculum moves here; whatever it changes belongs in :meth:`state_dict`.
+        """
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The task's mutable state (a curriculum's level), saved in checkpoints: plain
+        numbers, strings, lists and dicts. Stateless tasks return ``{}``."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output when a run resumes.
+
+        Raises:
+            ValueError: a task without state is given some.
+        """
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state; got keys {sorted(state)}")
+
+    def breakdown(self, device: torch.device) -> Batch | None:
+        """A fixed set spanning the task's difficulty levels, with ``groups``, that
+        ``relmem eval`` also reports group by group (None: the held-out set's groups are the
+        breakdown)."""
+        return None
 
     def plot_levels(self) -> dict[str, float]:
         """Reference values of the primary metric for plots (``{'chance 1/K = 25.0%': 0.25}``)."""

@@ -31,7 +31,8 @@ def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextM
 
 
 class Totals:
-    """Running sums and counts of the loss and the primary metric, and of the metric by group.
+    """Running sums and counts of the loss, the primary metric and the task's extra metrics,
+    and of the primary metric by group.
 
     Args:
         task: names the primary metric and the number of groups.
@@ -39,7 +40,7 @@ class Totals:
     """
 
     def __init__(self, task: Task, device: torch.device) -> None:
-        self.names = ("loss", task.metric.name)
+        self.names = ("loss", task.metric.name, *(m.name for m in task.extra_metrics))
         dtype = accumulator_dtype(device)
         self.sums = torch.zeros(len(self.names), 2, dtype=dtype, device=device)  # [K, 2]
         self.by_group = torch.zeros(task.num_groups, 2, dtype=dtype, device=device)  # [G, 2]
@@ -62,7 +63,8 @@ class Totals:
         return self
 
     def means(self) -> dict[str, float]:
-        """``{'loss': Σ total / Σ count, metric: ...}`` (NaN where nothing was counted)."""
+        """``{'loss': Σ total / Σ count, metric: ..., extra metrics: ...}`` (NaN where nothing
+        was counted)."""
         values = (self.sums[:, 0] / self.sums[:, 1]).tolist()
         return dict(zip(self.names, values, strict=True))
 
@@ -118,8 +120,9 @@ def evaluate(
         bf16: bfloat16 autocast (CUDA).
 
     Returns:
-        ``{'loss', task.metric.name, 'count', 'groups': {group id: metric}}``: sums over
-        counts over the batch and over each group (``count`` is the number of sequences).
+        ``{'loss', task.metric.name, extra metrics, 'count', 'groups': {group id: metric}}``:
+        sums over counts over the batch and over each group (``count`` is the number of
+        sequences).
     """
     info = info or DistInfo()
     was_training = model.training

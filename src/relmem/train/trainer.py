@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -204,6 +205,7 @@ class Trainer:
         torch.set_rng_state(saved["rng"]["cpu"])
         if self.device.type == "cuda" and saved["rng"]["cuda"]:
             torch.cuda.set_rng_state_all(saved["rng"]["cuda"])
+        self.task.load_state_dict(saved.get("task_state", {}))  # absent before task states
         leaves = saved.get("carried_state", [])  # absent from checkpoints of stateless runs
         if leaves:
             rows = slice(self.info.rank * self.per_rank, (self.info.rank + 1) * self.per_rank)
@@ -310,16 +312,19 @@ class Trainer:
         return {
             "train/loss": means["loss"],
             f"train/{m}": means[m],
+            **{f"train/{x.name}": means[x.name] for x in self.task.extra_metrics},
             "train/lr": self.scheduler.get_last_lr()[0],
             "perf/sequences_per_s": rate,
         }
 
     def evaluate(self, keep_best: bool = True) -> dict[str, float]:
-        """The held-out metrics and this step's fresh batch (``eval/...``).
+        """The held-out metrics and this step's fresh batch (``eval/...``), and what the task's
+        :meth:`~relmem.tasks.base.Task.after_evaluation` adds (a curriculum's level).
 
         ``keep_best=False`` (an evaluation off the ``eval_every`` grid, when a time limit stops
-        the run) reports the best batch including this one without keeping it, so that a
-        resumed run's later records equal an uninterrupted run's.
+        the run) reports the best batch including this one without keeping it, and leaves the
+        task's state as it was, so that a resumed run's later records equal an uninterrupted
+        run's.
         """
         m, config = self.metric.name, self.config
         result = evaluate(self.model, self.task, self.held_out, info=self.info, bf16=config.bf16)
@@ -330,13 +335,20 @@ class Trainer:
             best = batch_value
         if keep_best:
             self.progress.best_batch = best
-        return {
+        metrics = {
             f"eval/{m}": result[m],
             "eval/loss": result["loss"],
+            **{f"eval/{x.name}": result[x.name] for x in self.task.extra_metrics},
             f"eval/batch_{m}": batch_value,
             f"eval/best_batch_{m}": best,
             **{f"eval/{m}_group_{g}": v for g, v in result["groups"].items()},
         }
+        if keep_best:
+            return metrics | self.task.after_evaluation(metrics)
+        state = copy.deepcopy(self.task.state_dict())
+        metrics |= self.task.after_evaluation(metrics)
+        self.task.load_state_dict(state)
+        return metrics
 
     def save(self) -> None:
         """Checkpoint the weights and the training state (rank 0 writes; all ranks wait).
@@ -362,6 +374,7 @@ class Trainer:
                 f"best_batch_{self.metric.name}": progress.best_batch,
                 "carried_state": carried,
                 "train_window": window,
+                "task_state": self.task.state_dict(),
                 "task_name": self.task_name,
                 "config": json.dumps(self.config_dict),
                 "world_size": self.info.world_size,
@@ -401,6 +414,10 @@ class Trainer:
             "metric": m,
             f"held_out_{m}": None if last_eval is None else last_eval[f"eval/{m}"],
             "held_out_loss": None if last_eval is None else last_eval["eval/loss"],
+            **{
+                f"held_out_{x.name}": None if last_eval is None else last_eval[f"eval/{x.name}"]
+                for x in self.task.extra_metrics
+            },
             f"best_batch_{m}": None if math.isnan(progress.best_batch) else progress.best_batch,
             "run_dir": str(self.run_dir),
         }
