@@ -1,7 +1,10 @@
 """``relmem eval RUN_DIR``: the held-out metric of a trained run, broken down by group.
 
 The metric is the task's primary one: accuracy by rank for Nth Farthest, bit errors per
-sequence by pattern length (and repeat count) or item count for the copy tasks.
+sequence by pattern length (and repeat count) or item count for the copy tasks, validation
+and test perplexity for a language model (a task's further held-out sets, its
+``more_held_out``, follow the held-out line). A run that keeps its best weights
+(``checkpoints/best``) is evaluated there unless ``--checkpoint`` says otherwise.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Annotated
 import tyro
 
 from relmem.tasks.registry import get_task
-from relmem.train.checkpoint import CheckpointError
+from relmem.train.checkpoint import CheckpointError, best_checkpoint
 from relmem.train.distributed import resolve_device
 from relmem.train.evaluation import evaluate
 from relmem.train.runs import load_trained
@@ -27,7 +30,8 @@ class EvalArgs:
 
     Attributes:
         run_dir: the run directory written by ``relmem train``.
-        checkpoint: a checkpoint directory to evaluate instead of the run's latest.
+        checkpoint: a checkpoint directory to evaluate instead of the run's best (if it keeps
+            one) or latest.
         device: auto, cpu, cuda or mps.
         test_size: held-out sequences (None: the run's own setting).
         json_out: where to write the result (None: ``RUN_DIR/eval.json``).
@@ -48,7 +52,8 @@ def main(argv: list[str]) -> int:
         return int(exc.code or 0)
     try:
         device = resolve_device(args.device)
-        config, task_name, task, model, ckpt = load_trained(args.run_dir, args.checkpoint, device)
+        checkpoint = args.checkpoint or best_checkpoint(args.run_dir)
+        config, task_name, task, model, ckpt = load_trained(args.run_dir, checkpoint, device)
         if args.test_size is not None:
             if args.test_size < 1:
                 raise ValueError(f"--test-size must be >= 1, got {args.test_size}")
@@ -56,6 +61,7 @@ def main(argv: list[str]) -> int:
             task = get_task(task_name).build(config.task)
         held_out = task.held_out(device)
         result = evaluate(model, task, held_out)
+        more = {name: evaluate(model, task, b) for name, b in task.more_held_out(device).items()}
     except (ValueError, TypeError, KeyError, CheckpointError, FileNotFoundError) as exc:
         print(f"relmem eval: error: {exc}", file=sys.stderr)
         return 2
@@ -66,7 +72,11 @@ def main(argv: list[str]) -> int:
         f"held-out {metric.description} {metric.format(result[metric.name])} on "
         f"{result['count']} sequences, loss {result['loss']:.4f}"
     )
-    print(f"by {task.group_name}:")
+    for name, extra in more.items():
+        shown = metric.format(extra[metric.name])
+        print(f"{name} {metric.description} {shown}, loss {extra['loss']:.4f}")
+    if result["groups"]:
+        print(f"by {task.group_name}:")
     for group, value in sorted(result["groups"].items()):
         print(f"  {task.group_label(group):28s} {metric.format(value):>8s}")
     out = args.json_out or Path(args.run_dir) / "eval.json"
@@ -78,6 +88,7 @@ def main(argv: list[str]) -> int:
         "metric": metric.name,
         "group_name": task.group_name,
         **result,
+        **({"more_held_out": more} if more else {}),
     }
     out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"written {out}")

@@ -10,7 +10,8 @@ by ``output``, both names registered in :mod:`relmem.models.encoders` and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class TaskSpec:
             'features' (float ``[B, T, F]`` used as they are), 'one_hot' or 'embedding'
             (int64 ids ``[B, T]``).
         embedding_size: the width of the 'embedding' encoding (None for the others).
+        options: further settings for the task's encoder and head, by name (a language
+            model's dropout and softmax: ``{'lm': LMOptions(...)}``).
     """
 
     input_size: int
@@ -39,6 +42,7 @@ class TaskSpec:
     output: str = "last"
     encoding: str = "features"
     embedding_size: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def per_step(self) -> bool:

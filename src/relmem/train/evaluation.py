@@ -40,6 +40,7 @@ class Totals:
 
     def __init__(self, task: Task, device: torch.device) -> None:
         self.names = ("loss", task.metric.name)
+        self.metric = task.metric
         dtype = accumulator_dtype(device)
         self.sums = torch.zeros(len(self.names), 2, dtype=dtype, device=device)  # [K, 2]
         self.by_group = torch.zeros(task.num_groups, 2, dtype=dtype, device=device)  # [G, 2]
@@ -62,14 +63,19 @@ class Totals:
         return self
 
     def means(self) -> dict[str, float]:
-        """``{'loss': Σ total / Σ count, metric: ...}`` (NaN where nothing was counted)."""
-        values = (self.sums[:, 0] / self.sums[:, 1]).tolist()
-        return dict(zip(self.names, values, strict=True))
+        """``{'loss': Σ total / Σ count, metric: ...}`` (NaN where nothing was counted; the
+        metric through :meth:`MetricSpec.of_ratio`, e.g. perplexity from the mean NLL)."""
+        loss, ratio = (self.sums[:, 0] / self.sums[:, 1]).tolist()
+        return dict(zip(self.names, (loss, self.metric.of_ratio(ratio)), strict=True))
 
     def group_means(self) -> dict[int, float]:
         """The primary metric of each group that has a count."""
         pairs = self.by_group.tolist()
-        return {g: total / count for g, (total, count) in enumerate(pairs) if count > 0}
+        return {
+            g: self.metric.of_ratio(total / count)
+            for g, (total, count) in enumerate(pairs)
+            if count > 0
+        }
 
     def reset(self) -> None:
         """Back to zero (the start of a logging window)."""

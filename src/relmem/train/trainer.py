@@ -70,6 +70,7 @@ class Progress:
     step: int = 0
     elapsed_before: float = 0.0
     best_batch: float = float("nan")
+    best_held_out: float = float("nan")
     _started: float = 0.0
 
     def start(self) -> None:
@@ -179,15 +180,22 @@ class Trainer:
         self.held_out = self.task.held_out(device)
         self.window = Totals(self.task, device)  # the training metrics since the last log line
         self.window_steps, self.window_start = 0, time.perf_counter()
+        self.window_tokens = 0  # time steps x rows of the global batches since the last log line
 
     def _restore(self, saved: dict[str, Any]) -> None:
         """Optimiser, schedule, counters, RNG and carried state from a checkpoint."""
+        if "optimizer" not in saved:
+            raise ckpt_io.CheckpointError(
+                f"{self.config.resume} holds weights only (the best held-out copy); resume "
+                "from the run directory or one of its step-* checkpoints"
+            )
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
         self.progress = Progress(
             step=int(saved["step"]),
             elapsed_before=float(saved["elapsed_s"]),
             best_batch=float(saved[f"best_batch_{self.metric.name}"]),
+            best_held_out=float(saved.get("best_held_out", float("nan"))),
         )
         torch.set_rng_state(saved["rng"]["cpu"])
         if self.device.type == "cuda" and saved["rng"]["cuda"]:
@@ -271,23 +279,28 @@ class Trainer:
             self.state = detach_state(state)
         self.progress.step += 1
         self.window_steps += 1
+        self.window_tokens += batch.inputs.shape[:2].numel() * self.info.world_size
         self.window.add(measures, None)
         return StepOutcome(int(signum_any), bool(time_up_any))
 
     def train_metrics(self) -> dict[str, float]:
-        """``train/loss``, ``train/{metric}``, ``train/lr`` and ``perf/sequences_per_s`` since
-        the last call (all ranks' sums over all ranks' counts)."""
+        """``train/loss``, ``train/{metric}``, ``train/lr``, ``perf/sequences_per_s`` and
+        ``perf/tokens_per_s`` (input time steps) since the last call (all ranks' sums over all
+        ranks' counts)."""
         means = self.window.all_reduce(self.info).means()
         now = time.perf_counter()
-        rate = self.window_steps * self.config.batch_size / max(now - self.window_start, 1e-9)
+        seconds = max(now - self.window_start, 1e-9)
+        rate = self.window_steps * self.config.batch_size / seconds
+        tokens_rate = self.window_tokens / seconds
         self.window.reset()
-        self.window_steps, self.window_start = 0, now
+        self.window_steps, self.window_start, self.window_tokens = 0, now, 0
         m = self.metric.name
         return {
             "train/loss": means["loss"],
             f"train/{m}": means[m],
             "train/lr": self.scheduler.get_last_lr()[0],
             "perf/sequences_per_s": rate,
+            "perf/tokens_per_s": tokens_rate,
         }
 
     def evaluate(self) -> dict[str, float]:
@@ -298,7 +311,14 @@ class Trainer:
         batch_value = evaluate(self.model, self.task, fresh, info=self.info, bf16=config.bf16)[m]
         if self.metric.improves(batch_value, self.progress.best_batch):
             self.progress.best_batch = batch_value
+        best = {}
+        if self.task.keep_best:
+            if self.metric.improves(result[m], self.progress.best_held_out):
+                self.progress.best_held_out = result[m]
+                self.save_best()
+            best = {f"eval/best_{m}": self.progress.best_held_out}
         return {
+            **best,
             f"eval/{m}": result[m],
             "eval/loss": result["loss"],
             f"eval/batch_{m}": batch_value,
@@ -327,6 +347,7 @@ class Trainer:
                 },
                 "elapsed_s": progress.elapsed(),
                 f"best_batch_{self.metric.name}": progress.best_batch,
+                "best_held_out": progress.best_held_out,
                 "carried_state": carried,
                 "task_name": self.task_name,
                 "config": json.dumps(self.config_dict),
@@ -339,6 +360,16 @@ class Trainer:
                 train_state,
                 keep=self.config.keep_checkpoints,
             )
+        barrier(self.info)
+
+    def save_best(self) -> None:
+        """Copy the weights to ``checkpoints/best`` (rank 0 writes; all ranks wait)."""
+        if self.info.is_main:
+            record = {
+                "step": self.progress.step,
+                f"held_out_{self.metric.name}": self.progress.best_held_out,
+            }
+            ckpt_io.save_best(self.run_dir, self.progress.step, self.model, record)
         barrier(self.info)
 
     def summary(
@@ -363,6 +394,11 @@ class Trainer:
             f"held_out_{m}": None if last_eval is None else last_eval[f"eval/{m}"],
             "held_out_loss": None if last_eval is None else last_eval["eval/loss"],
             f"best_batch_{m}": None if math.isnan(progress.best_batch) else progress.best_batch,
+            **(
+                {f"best_held_out_{m}": progress.best_held_out, "best_checkpoint": "best"}
+                if self.task.keep_best
+                else {}
+            ),
             "run_dir": str(self.run_dir),
         }
 
