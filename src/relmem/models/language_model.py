@@ -75,7 +75,11 @@ class AdaptiveLogits(NamedTuple):
     def nll(self, targets: Tensor) -> Tensor:
         """``[B, T]`` negative log-likelihood of ``targets [B, T]``."""
         flat = self.features.flatten(0, 1).float()
-        return -self.softmax(flat, targets.flatten()).output.view_as(targets)
+        logp = self.softmax(flat, targets.flatten()).output.view_as(targets)
+        # A tail cluster none of whose words is a target here gets no gradient, and DDP then
+        # stalls waiting for it: a zero term puts every tail parameter in the graph.
+        zero = sum(p.flatten()[0] for p in self.softmax.tail.parameters()) * 0.0
+        return zero - logp
 
     def log_probs(self) -> Tensor:
         """``[B, T, V]`` log-probabilities of every token."""
@@ -153,9 +157,12 @@ class LMSoftmax(nn.Module):
             )
 
     def tie(self, encoder: nn.Module) -> None:
-        """Share ``encoder.weight`` with the decoder (when tying is on)."""
-        if self.tie_weights:
-            self.decoder.weight = encoder.weight
+        """Share ``encoder.weight`` with the decoder, when tying is on and the encoder has a
+        table of the decoder's shape ``[V, E]`` (a :class:`WordEmbedding` of the same vocabulary).
+        """
+        weight = getattr(encoder, "weight", None)
+        if self.tie_weights and weight is not None and weight.shape == self.decoder.weight.shape:
+            self.decoder.weight = weight
 
     def forward(self, outputs: Tensor, lengths: Tensor | None = None) -> Tensor | AdaptiveLogits:
         features = outputs if self.projection is None else self.projection(outputs)
@@ -165,8 +172,10 @@ class LMSoftmax(nn.Module):
         return self.decoder(features)  # [B, T, V]
 
 
-def _check(spec: TaskSpec) -> tuple[int, int, LMOptions]:
-    vocab = check_int("input_size", spec.input_size, owner="language model")
+def _check(spec: TaskSpec, size: str) -> tuple[int, int, LMOptions]:
+    """The vocabulary (``spec.input_size`` or ``spec.output_size``), the width and the options,
+    checked."""
+    vocab = check_int(size, getattr(spec, size), owner="language model")
     width = check_int("embedding_size", spec.embedding_size, owner="language model")
     options = lm_options(spec)
     for name in ("embedding_dropout", "output_dropout"):
@@ -184,18 +193,25 @@ def _check(spec: TaskSpec) -> tuple[int, int, LMOptions]:
                 "language model: the adaptive softmax needs cutoffs that increase strictly, "
                 f"from >= 1 to below the vocabulary size {vocab}; got {tuple(cutoffs)}"
             )
+        narrowest = int(width // options.div_value ** len(cutoffs))
+        if narrowest < 1:
+            raise ValueError(
+                f"language model: the adaptive softmax's last cluster would be {width} // "
+                f"{options.div_value:g}^{len(cutoffs)} = 0 wide; use a smaller div_value or "
+                "fewer cutoffs"
+            )
     return vocab, width, options
 
 
 @register_encoder("word_embedding")
 def build_word_embedding(spec: TaskSpec) -> WordEmbedding:
     """:class:`WordEmbedding` of ``spec.input_size`` tokens, ``spec.embedding_size`` wide."""
-    vocab, width, options = _check(spec)
+    vocab, width, options = _check(spec, "input_size")
     return WordEmbedding(vocab, width, options.embedding_dropout)
 
 
 @register_head("lm_softmax")
 def build_lm_softmax(config: HeadConfig, core_size: int, spec: TaskSpec) -> LMSoftmax:
-    """:class:`LMSoftmax` from the core's width to ``spec.input_size`` tokens."""
-    vocab, width, options = _check(spec)
+    """:class:`LMSoftmax` from the core's width to ``spec.output_size`` tokens."""
+    vocab, width, options = _check(spec, "output_size")
     return LMSoftmax(core_size, vocab, width, options)
