@@ -93,6 +93,26 @@ def test_train_eval_generate(model: str, tmp_path: Path, capsys) -> None:
     assert len(first.split()) >= 3
 
 
+def test_resumed_run_equals_an_uninterrupted_one(tmp_path: Path, capsys) -> None:
+    """3 steps, resume, 3 more == 6 steps: weights, carried state and best perplexity."""
+    data = write_sample(tmp_path / "data")
+    assert cli.main(train_args(data, tmp_path, "straight")) == 0
+    assert cli.main(train_args(data, tmp_path, "split", "--steps", "3")) == 0
+    assert cli.main(["train", "lm", "--resume", str(tmp_path / "split"), "--steps", "6"]) == 0
+    capsys.readouterr()
+    weights = [
+        load_file(ckpt_io.resolve_checkpoint(tmp_path / name) / ckpt_io.MODEL_FILE)
+        for name in ("straight", "split")
+    ]
+    for key in weights[0]:
+        assert torch.equal(weights[0][key], weights[1][key]), key
+    summaries = [
+        json.loads((tmp_path / n / "summary.json").read_text()) for n in ("straight", "split")
+    ]
+    assert summaries[0]["best_held_out_perplexity"] == summaries[1]["best_held_out_perplexity"]
+    assert summaries[1]["best_checkpoint"] == str(tmp_path / "split" / "checkpoints" / "best")
+
+
 def test_generate_and_resume_errors(tmp_path: Path, capsys) -> None:
     data = write_sample(tmp_path / "data")
     assert cli.main(train_args(data, tmp_path, "run", "--steps", "3")) == 0

@@ -394,12 +394,17 @@ class Trainer:
             f"held_out_{m}": None if last_eval is None else last_eval[f"eval/{m}"],
             "held_out_loss": None if last_eval is None else last_eval["eval/loss"],
             f"best_batch_{m}": None if math.isnan(progress.best_batch) else progress.best_batch,
-            **(
-                {f"best_held_out_{m}": progress.best_held_out, "best_checkpoint": "best"}
-                if self.task.keep_best
-                else {}
-            ),
+            **(self._best_summary() if self.task.keep_best else {}),
             "run_dir": str(self.run_dir),
+        }
+
+    def _best_summary(self) -> dict[str, Any]:
+        """The best held-out metric and where its weights are (None before any evaluation)."""
+        best = self.progress.best_held_out
+        path = ckpt_io.best_checkpoint(self.run_dir)
+        return {
+            f"best_held_out_{self.metric.name}": None if math.isnan(best) else best,
+            "best_checkpoint": None if path is None else str(path),
         }
 
     def finish(self, summary: dict[str, Any]) -> None:
