@@ -223,7 +223,7 @@ def _save_cache(folder: Path, vocab: list[str], streams: dict[str, Tensor], mani
             ("ids.safetensors", lambda p: save_file(streams, str(p))),
             ("manifest.json", lambda p: p.write_text(json.dumps(manifest, indent=2))),
         ):
-            tmp = folder / f".{name}.tmp"
+            tmp = folder / f".{name}.{os.getpid()}.tmp"  # data-parallel ranks write at once
             write(tmp)
             os.replace(tmp, folder / name)
     except OSError as exc:
