@@ -52,13 +52,14 @@ class TrainingDiverged(RuntimeError):
 
 
 def lr_multiplier(step: int, config: TrainConfig) -> float:
-    """The schedule's factor on ``optim.lr`` at ``step`` (1 for 'constant').
+    """The schedule's factor on ``optim.lr`` at ``step`` (1 for 'constant'; 'plateau' adds its
+    reductions on top, :meth:`Trainer.plateau`).
 
     'paper': ``max(decay_rate ** (step / decay_steps), min_lr / lr)``, the Sonnet example's
     continuous exponential decay with a floor (``docs/tasks.md`` §1.3).
     """
     o = config.optim
-    if o.schedule == "constant":
+    if o.schedule in ("constant", "plateau"):
         return 1.0
     return max(o.decay_rate ** (step / o.decay_steps), o.min_lr / o.lr)
 
@@ -71,6 +72,9 @@ class Progress:
     elapsed_before: float = 0.0
     best_batch: float = float("nan")
     best_held_out: float = float("nan")
+    lr_scale: float = 1.0  # the 'plateau' schedule's reductions so far
+    plateau_best: float = float("nan")  # its best held-out loss
+    plateau_bad: int = 0  # evaluations since that best
     _started: float = 0.0
 
     def start(self) -> None:
@@ -162,10 +166,10 @@ class Trainer:
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_multiplier(s, config)
-        )
         self.progress = Progress()
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_multiplier(s, config) * self.progress.lr_scale
+        )
         self.state: Any = None  # the carried recurrent state of a stateful task (None: initial)
         if saved is not None:
             self._restore(saved)
@@ -196,6 +200,7 @@ class Trainer:
             elapsed_before=float(saved["elapsed_s"]),
             best_batch=float(saved[f"best_batch_{self.metric.name}"]),
             best_held_out=float(saved.get("best_held_out", float("nan"))),
+            **{k: saved[k] for k in ("lr_scale", "plateau_best", "plateau_bad") if k in saved},
         )
         torch.set_rng_state(saved["rng"]["cpu"])
         if self.device.type == "cuda" and saved["rng"]["cuda"]:
@@ -317,6 +322,8 @@ class Trainer:
                 self.progress.best_held_out = result[m]
                 self.save_best()
             best = {f"eval/best_{m}": self.progress.best_held_out}
+        if config.optim.schedule == "plateau":
+            self.plateau(result["loss"])
         return {
             **best,
             f"eval/{m}": result[m],
@@ -348,6 +355,9 @@ class Trainer:
                 "elapsed_s": progress.elapsed(),
                 f"best_batch_{self.metric.name}": progress.best_batch,
                 "best_held_out": progress.best_held_out,
+                "lr_scale": progress.lr_scale,
+                "plateau_best": progress.plateau_best,
+                "plateau_bad": progress.plateau_bad,
                 "carried_state": carried,
                 "task_name": self.task_name,
                 "config": json.dumps(self.config_dict),
@@ -361,6 +371,24 @@ class Trainer:
                 keep=self.config.keep_checkpoints,
             )
         barrier(self.info)
+
+    def plateau(self, loss: float) -> None:
+        """The 'plateau' schedule's update after an evaluation with held-out ``loss``: more
+        than ``plateau_patience`` evaluations without a relative improvement of 1e-4 multiply
+        the rate by ``plateau_factor`` (from the next step on)."""
+        p, o = self.progress, self.config.optim
+        if math.isnan(p.plateau_best) or loss < p.plateau_best * (1 - 1e-4):
+            p.plateau_best, p.plateau_bad = loss, 0
+            return
+        p.plateau_bad += 1
+        if p.plateau_bad > o.plateau_patience:
+            p.lr_scale *= o.plateau_factor
+            p.plateau_bad = 0
+            factor = lr_multiplier(p.step, self.config) * p.lr_scale
+            for group, base in zip(
+                self.optimizer.param_groups, self.scheduler.base_lrs, strict=True
+            ):
+                group["lr"] = base * factor
 
     def save_best(self) -> None:
         """Copy the weights to ``checkpoints/best`` (rank 0 writes; all ranks wait)."""
