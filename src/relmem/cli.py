@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("relmem.commands.demo", "build an RMC and run a batch of random sequences through it"),
     "train": ("relmem.commands.train", "train a model on a task (relmem train nth-farthest)"),
     "eval": ("relmem.commands.evaluate", "held-out metric of a run, broken down by group"),
+    "generate": ("relmem.commands.generate", "sample text from a trained language model"),
     "plot": ("relmem.commands.plot", "learning curves and RMC attention maps of a run (PNG)"),
     "bench": ("relmem.commands.bench", "time the RMC (reference, fast) against nn.LSTM; to JSON"),
 }

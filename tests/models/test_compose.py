@@ -113,7 +113,9 @@ def test_a_config_of_another_model_is_refused() -> None:
 
 
 def test_unknown_head_and_encoding_are_named() -> None:
-    with pytest.raises(KeyError, match="unknown head 'tied'; known heads: last, per_step"):
+    with pytest.raises(
+        KeyError, match="unknown head 'tied'; known heads: last, lm_softmax, per_step"
+    ):
         tiny("lstm", spec_for("tied"))
     with pytest.raises(KeyError, match="unknown encoding 'bytes'"):
         tiny("lstm", spec_for("last", "bytes"))

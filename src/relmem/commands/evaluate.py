@@ -1,8 +1,11 @@
 """``relmem eval RUN_DIR``: the held-out metric of a trained run, broken down by group.
 
 The metric is the task's primary one: accuracy by rank for Nth Farthest, bit errors per
-sequence by pattern length (and repeat count) or item count for the copy tasks. A task with a
-breakdown set (Learning to Execute: every length and nesting) is broken down on that set.
+sequence by pattern length (and repeat count) or item count for the copy tasks, validation
+and test perplexity for a language model (a task's further held-out sets, its
+``more_held_out``, follow the held-out line). A task with a breakdown set (Learning to
+Execute: every length and nesting) is broken down on that set. A run that keeps its best
+weights (``checkpoints/best``) is evaluated there unless ``--checkpoint`` says otherwise.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import tyro
 
 from relmem.commands.errors import describe_error
 from relmem.tasks.registry import get_task
-from relmem.train.checkpoint import CheckpointError
+from relmem.train.checkpoint import CheckpointError, best_checkpoint
 from relmem.train.distributed import resolve_device
 from relmem.train.evaluation import evaluate
 from relmem.train.runs import MAX_PARAMETERS, load_trained
@@ -29,7 +32,8 @@ class EvalArgs:
 
     Attributes:
         run_dir: the run directory written by ``relmem train``.
-        checkpoint: a checkpoint directory to evaluate instead of the run's latest.
+        checkpoint: a checkpoint directory to evaluate instead of the run's best (if it keeps
+            one) or latest.
         device: auto, cpu, cuda or mps.
         test_size: held-out sequences (None: the run's own setting).
         json_out: where to write the result (None: ``RUN_DIR/eval.json``).
@@ -53,8 +57,9 @@ def main(argv: list[str]) -> int:
         return int(exc.code or 0)
     try:
         device = resolve_device(args.device)
+        checkpoint = args.checkpoint or best_checkpoint(args.run_dir)
         config, task_name, task, model, ckpt = load_trained(
-            args.run_dir, args.checkpoint, device, args.max_parameters
+            args.run_dir, checkpoint, device, args.max_parameters
         )
         if args.test_size is not None:
             if args.test_size < 1:
@@ -63,6 +68,7 @@ def main(argv: list[str]) -> int:
             task = get_task(task_name).build(config.task)
         held_out = task.held_out(device)
         result = evaluate(model, task, held_out)
+        more = {name: evaluate(model, task, b) for name, b in task.more_held_out(device).items()}
         levels = task.breakdown(device)
         breakdown = None if levels is None else evaluate(model, task, levels)
     except (ValueError, TypeError, KeyError, CheckpointError, OSError) as exc:
@@ -76,9 +82,13 @@ def main(argv: list[str]) -> int:
     )
     for extra in task.extra_metrics:
         print(f"held-out {extra.description} {extra.format(result[extra.name])}")
+    for name, extra in more.items():
+        shown = metric.format(extra[metric.name])
+        print(f"{name} {metric.description} {shown}, loss {extra['loss']:.4f}")
     groups = result["groups"] if breakdown is None else breakdown["groups"]
     where = "" if breakdown is None else f" ({breakdown['count']} other sequences)"
-    print(f"by {task.group_name}{where}:")
+    if groups:
+        print(f"by {task.group_name}{where}:")
     for group, value in sorted(groups.items()):
         print(f"  {task.group_label(group):28s} {metric.format(value):>8s}")
     out = args.json_out or Path(args.run_dir) / "eval.json"
@@ -91,6 +101,7 @@ def main(argv: list[str]) -> int:
         "group_name": task.group_name,
         **result,
         **({} if breakdown is None else {"breakdown": breakdown}),
+        **({"more_held_out": more} if more else {}),
     }
     try:
         out.write_text(json.dumps(record, indent=2) + "\n")

@@ -93,7 +93,10 @@ def build_model(
         core = entry.build(config, encoder.output_size, spec.output_size)
         return SequenceModel(encoder, core, CoreReadout())
     core = entry.build(config, encoder.output_size, None)
-    return SequenceModel(encoder, core, head_entry.build(head, core.output_size, spec))
+    head_module = head_entry.build(head, core.output_size, spec)
+    if hasattr(head_module, "tie"):  # a decoder sharing the encoder's weight (a tied LM softmax)
+        head_module.tie(encoder)
+    return SequenceModel(encoder, core, head_module)
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -10,7 +10,8 @@ by ``output``, both names registered in :mod:`relmem.models.encoders` and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ class TaskSpec:
         decoder: None for ``encoder -> core -> head`` over the inputs' steps; a
             :class:`DecoderSpec` for a sequence-to-sequence model that reads the inputs, then
             emits ``decoder.steps`` outputs (:mod:`relmem.models.seq2seq`).
+        options: further settings for the task's encoder and head, by name (a language
+            model's dropout and softmax: ``{'lm': LMOptions(...)}``).
     """
 
     input_size: int
@@ -64,6 +67,7 @@ class TaskSpec:
     encoding: str = "features"
     embedding_size: int | None = None
     decoder: DecoderSpec | None = None
+    options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def per_step(self) -> bool:

@@ -37,6 +37,7 @@ from relmem.models.spec import TaskSpec
 __all__ = [
     "ACCURACY",
     "BIT_ERRORS",
+    "PERPLEXITY",
     "Batch",
     "Measure",
     "MetricSpec",
@@ -167,6 +168,8 @@ class MetricSpec:
         description: a readable name for tables and plots (``'bit errors per sequence'``).
         short: a few letters for the progress bar (``'acc'``).
         percent: show values as percentages.
+        exponentiate: the metric is ``exp(Σ total / Σ count)`` (perplexity from summed
+            negative log-likelihoods) rather than the ratio itself.
     """
 
     name: str
@@ -174,6 +177,14 @@ class MetricSpec:
     description: str
     short: str
     percent: bool = False
+    exponentiate: bool = False
+
+    def of_ratio(self, ratio: float) -> float:
+        """The metric's value for ``Σ total / Σ count = ratio`` (its exp, if ``exponentiate``;
+        ``inf`` past float range; NaN stays NaN)."""
+        if not self.exponentiate or math.isnan(ratio):
+            return ratio
+        return math.exp(ratio) if ratio < 709.0 else math.inf
 
     def format(self, value: float) -> str:
         """``'49.98%'`` for a percentage metric, ``'0.0312'`` otherwise."""
@@ -188,6 +199,7 @@ class MetricSpec:
 
 ACCURACY = MetricSpec("accuracy", True, "accuracy", "acc", percent=True)
 BIT_ERRORS = MetricSpec("bit_errors", False, "bit errors per sequence", "bits")
+PERPLEXITY = MetricSpec("perplexity", False, "perplexity", "ppl", exponentiate=True)
 
 
 class Task(ABC):
@@ -205,11 +217,14 @@ class Task(ABC):
         num_groups: the group ids lie in ``0..num_groups-1`` (0: the task has no groups).
         extra_metrics: further keys of :meth:`measure` the trainer reports beside the primary
             one (``train/{name}``, ``eval/{name}``, ``held_out_{name}``).
+        keep_best: keep a copy of the weights with the best held-out metric
+            (``checkpoints/best``), which ``relmem eval`` and ``relmem generate`` then use.
     """
 
     spec: TaskSpec
     metric: MetricSpec
     stateful: bool = False
+    keep_best: bool = False
     group_name: str = "group"
     num_groups: int = 0
     extra_metrics: tuple[MetricSpec, ...] = ()
@@ -243,6 +258,11 @@ class Task(ABC):
         Returns:
             ``{'loss': Measure, metric.name: Measure, ...}``, every field ``[B]``.
         """
+
+    def more_held_out(self, device: torch.device) -> dict[str, Batch]:
+        """Further fixed sets that ``relmem eval`` reports beside :meth:`held_out`, by name
+        (a language model's test split); none by default."""
+        return {}
 
     def loss(self, logits: Tensor, batch: Batch) -> Tensor:
         """The training objective, the scalar ``measure(logits, batch)['loss'].value()``."""

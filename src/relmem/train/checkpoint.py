@@ -8,6 +8,9 @@ Layout under a run directory::
         train_state.pt      # optimizer, scheduler, step, RNG states, counters (plain tensors)
         meta.json           # step and the SHA-256 of both files, written last
       latest                # text file: the name of the newest complete checkpoint
+      best/                 # optional: the weights with the best held-out metric, written
+                            # like a checkpoint; its train_state.pt holds only the step and the
+                            # metric (for eval and sampling; not resumable)
 
 A checkpoint is written into a hidden staging directory, fsync'ed, then renamed into place
 with ``os.replace``; only then does ``latest`` move (also with ``os.replace``) and are checkpoints
@@ -38,6 +41,7 @@ MODEL_FILE = "model.safetensors"
 STATE_FILE = "train_state.pt"
 META_FILE = "meta.json"
 LATEST_FILE = "latest"
+BEST_NAME = "best"
 FORMAT_VERSION = 1
 
 
@@ -118,9 +122,32 @@ def save_checkpoint(
         The checkpoint directory.
     """
     root = Path(run_dir) / CHECKPOINT_DIR
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / checkpoint_name(step)
-    staging = root / f".{final.name}.partial"
+    final = _write_checkpoint(root / checkpoint_name(step), step, model, train_state)
+    faults.kill_if_armed("checkpoint-rename", step)
+    _write_text_atomic(root / LATEST_FILE, final.name + "\n")
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def save_best(run_dir: Path, step: int, model: nn.Module, record: dict[str, Any]) -> Path:
+    """Write ``model``'s weights as ``checkpoints/best`` atomically (replacing the previous
+    one), with ``record`` (the step and the metric) as its training state."""
+    return _write_checkpoint(Path(run_dir) / CHECKPOINT_DIR / BEST_NAME, step, model, record)
+
+
+def best_checkpoint(run_dir: Path) -> Path | None:
+    """``run_dir``'s ``checkpoints/best``, or None if the run keeps none."""
+    best = Path(run_dir) / CHECKPOINT_DIR / BEST_NAME
+    return best if (best / META_FILE).is_file() else None
+
+
+def _write_checkpoint(
+    final: Path, step: int, model: nn.Module, train_state: dict[str, Any]
+) -> Path:
+    """Stage, fsync and rename a checkpoint directory into place at ``final``."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = final.parent / f".{final.name}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     save_model(unwrap(model), str(staging / MODEL_FILE))
@@ -137,10 +164,6 @@ def save_checkpoint(
     if final.exists():  # re-saving the same step (e.g. a signal right after a periodic save)
         shutil.rmtree(final)
     os.replace(staging, final)
-    faults.kill_if_armed("checkpoint-rename", step)
-    _write_text_atomic(root / LATEST_FILE, final.name + "\n")
-    for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
     return final
 
 

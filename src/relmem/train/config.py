@@ -37,6 +37,10 @@ class OptimConfig:
         schedule: 'constant' (default) or 'paper', the Sonnet example's continuous decay
             ``max(lr * decay_rate ** (step / decay_steps), min_lr)`` (``docs/tasks.md`` §1.3).
         decay_rate, decay_steps, min_lr: the 'paper' schedule's constants (0.9, 10000, 8e-5).
+            'plateau': the rate is multiplied by ``plateau_factor`` whenever the held-out loss
+            has not improved (by a relative 1e-4) for more than ``plateau_patience``
+            evaluations, as ``torch.optim.lr_scheduler.ReduceLROnPlateau`` does per epoch.
+        plateau_factor, plateau_patience: the 'plateau' schedule's constants (0.5, 5).
         grad_clip: clip the global gradient norm to this value; None disables (paper).
     """
 
@@ -44,10 +48,12 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.0
-    schedule: Literal["constant", "paper"] = "constant"
+    schedule: Literal["constant", "paper", "plateau"] = "constant"
     decay_rate: float = 0.9
     decay_steps: int = 10000
     min_lr: float = 8e-5
+    plateau_factor: float = 0.5
+    plateau_patience: int = 5
     grad_clip: float | None = None
 
     def __post_init__(self) -> None:
@@ -60,7 +66,10 @@ class OptimConfig:
         check_at_least("optim.", self, weight_decay=0, decay_steps=1, min_lr=0)
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"optim.betas must lie in [0, 1), got {self.betas}")
-        check_choice("optim.schedule", self.schedule, ("constant", "paper"))
+        check_choice("optim.schedule", self.schedule, ("constant", "paper", "plateau"))
+        check_at_least("optim.", self, plateau_patience=0)
+        if not 0 < self.plateau_factor < 1:
+            raise ValueError(f"optim.plateau_factor must lie in (0, 1), got {self.plateau_factor}")
         if not 0 < self.decay_rate <= 1:
             raise ValueError(f"optim.decay_rate must lie in (0, 1], got {self.decay_rate}")
 

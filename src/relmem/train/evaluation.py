@@ -40,7 +40,8 @@ class Totals:
     """
 
     def __init__(self, task: Task, device: torch.device) -> None:
-        self.names = ("loss", task.metric.name, *(m.name for m in task.extra_metrics))
+        self.specs = (task.metric, *task.extra_metrics)
+        self.names = ("loss", *(spec.name for spec in self.specs))
         dtype = accumulator_dtype(device)
         self.sums = torch.zeros(len(self.names), 2, dtype=dtype, device=device)  # [K, 2]
         self.by_group = torch.zeros(task.num_groups, 2, dtype=dtype, device=device)  # [G, 2]
@@ -64,14 +65,20 @@ class Totals:
 
     def means(self) -> dict[str, float]:
         """``{'loss': Σ total / Σ count, metric: ..., extra metrics: ...}`` (NaN where nothing
-        was counted)."""
-        values = (self.sums[:, 0] / self.sums[:, 1]).tolist()
-        return dict(zip(self.names, values, strict=True))
+        was counted; metrics through :meth:`MetricSpec.of_ratio`, e.g. perplexity from the mean
+        NLL)."""
+        loss, *ratios = (self.sums[:, 0] / self.sums[:, 1]).tolist()
+        values = [spec.of_ratio(r) for spec, r in zip(self.specs, ratios, strict=True)]
+        return dict(zip(self.names, (loss, *values), strict=True))
 
     def group_means(self) -> dict[int, float]:
         """The primary metric of each group that has a count."""
         pairs = self.by_group.tolist()
-        return {g: total / count for g, (total, count) in enumerate(pairs) if count > 0}
+        return {
+            g: self.metric.of_ratio(total / count)
+            for g, (total, count) in enumerate(pairs)
+            if count > 0
+        }
 
     def reset(self) -> None:
         """Back to zero (the start of a logging window)."""

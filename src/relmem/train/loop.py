@@ -151,7 +151,7 @@ def _train(trainer: Trainer) -> RunResult:
                     metrics.update(trainer.train_metrics())
                 on_grid = step % config.eval_every == 0 or done
                 if on_grid or outcome.time_up:
-                    last_eval, last_eval_step = trainer.evaluate(keep_best=on_grid), step
+                    last_eval, last_eval_step = trainer.evaluate(on_grid=on_grid), step
                     metrics.update(last_eval)
                     if not on_grid:  # a resume cuts this record: see metrics.STOP_KEY
                         metrics[STOP_KEY] = 1.0

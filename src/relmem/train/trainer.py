@@ -60,13 +60,14 @@ class TrainingDiverged(RuntimeError):
 
 
 def lr_multiplier(step: int, config: TrainConfig) -> float:
-    """The schedule's factor on ``optim.lr`` at ``step`` (1 for 'constant').
+    """The schedule's factor on ``optim.lr`` at ``step`` (1 for 'constant'; 'plateau' adds its
+    reductions on top, :meth:`Trainer.plateau`).
 
     'paper': ``max(decay_rate ** (step / decay_steps), min_lr / lr)``, the Sonnet example's
     continuous exponential decay with a floor (``docs/tasks.md`` §1.3).
     """
     o = config.optim
-    if o.schedule == "constant":
+    if o.schedule in ("constant", "plateau"):
         return 1.0
     return max(o.decay_rate ** (step / o.decay_steps), o.min_lr / o.lr)
 
@@ -78,6 +79,10 @@ class Progress:
     step: int = 0
     elapsed_before: float = 0.0
     best_batch: float = float("nan")
+    best_held_out: float = float("nan")
+    lr_scale: float = 1.0  # the 'plateau' schedule's reductions so far
+    plateau_best: float = float("nan")  # its best held-out loss
+    plateau_bad: int = 0  # evaluations since that best
     _started: float = 0.0
 
     def start(self) -> None:
@@ -169,10 +174,10 @@ class Trainer:
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_multiplier(s, config)
-        )
         self.progress = Progress()
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_multiplier(s, config) * self.progress.lr_scale
+        )
         self.state: Any = None  # the carried recurrent state of a stateful task (None: initial)
         if saved is not None:
             self._restore(saved)
@@ -188,6 +193,7 @@ class Trainer:
         self.held_out = self.task.held_out(device)
         self.window = Totals(self.task, device)  # the training metrics since the last log line
         self.window_steps, self.window_start = 0, time.perf_counter()
+        self.window_tokens = 0  # time steps x rows of the global batches since the last log line
         if saved is not None and "train_window" in saved and info.is_main:
             # the sums since the last log line, all ranks' together (on rank 0 alone: the next
             # all-reduce adds them once), so the first record after a resume covers every step
@@ -195,12 +201,19 @@ class Trainer:
 
     def _restore(self, saved: dict[str, Any]) -> None:
         """Optimiser, schedule, counters, RNG and carried state from a checkpoint."""
+        if "optimizer" not in saved:
+            raise ckpt_io.CheckpointError(
+                f"{self.config.resume} holds weights only (the best held-out copy); resume "
+                "from the run directory or one of its step-* checkpoints"
+            )
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
         self.progress = Progress(
             step=int(saved["step"]),
             elapsed_before=float(saved["elapsed_s"]),
             best_batch=float(saved[f"best_batch_{self.metric.name}"]),
+            best_held_out=float(saved.get("best_held_out", float("nan"))),
+            **{k: saved[k] for k in ("lr_scale", "plateau_best", "plateau_bad") if k in saved},
         )
         torch.set_rng_state(saved["rng"]["cpu"])
         if self.device.type == "cuda" and saved["rng"]["cuda"]:
@@ -297,17 +310,21 @@ class Trainer:
             self.state = detach_state(state)
         self.progress.step += 1
         self.window_steps += 1
+        self.window_tokens += batch.inputs.shape[:2].numel() * self.info.world_size
         self.window.add(measures, None)
         return StepOutcome(int(signum_any), bool(time_up_any))
 
     def train_metrics(self) -> dict[str, float]:
-        """``train/loss``, ``train/{metric}``, ``train/lr`` and ``perf/sequences_per_s`` since
-        the last call (all ranks' sums over all ranks' counts)."""
+        """``train/loss``, ``train/{metric}``, ``train/lr``, ``perf/sequences_per_s`` and
+        ``perf/tokens_per_s`` (input time steps) since the last call (all ranks' sums over all
+        ranks' counts)."""
         means = self.window.all_reduce(self.info).means()
         now = time.perf_counter()
-        rate = self.window_steps * self.config.batch_size / max(now - self.window_start, 1e-9)
+        seconds = max(now - self.window_start, 1e-9)
+        rate = self.window_steps * self.config.batch_size / seconds
+        tokens_rate = self.window_tokens / seconds
         self.window.reset()
-        self.window_steps, self.window_start = 0, now
+        self.window_steps, self.window_start, self.window_tokens = 0, now, 0
         m = self.metric.name
         return {
             "train/loss": means["loss"],
@@ -315,16 +332,19 @@ class Trainer:
             **{f"train/{x.name}": means[x.name] for x in self.task.extra_metrics},
             "train/lr": self.scheduler.get_last_lr()[0],
             "perf/sequences_per_s": rate,
+            "perf/tokens_per_s": tokens_rate,
         }
 
-    def evaluate(self, keep_best: bool = True) -> dict[str, float]:
+    def evaluate(self, on_grid: bool = True) -> dict[str, float]:
         """The held-out metrics and this step's fresh batch (``eval/...``), and what the task's
         :meth:`~relmem.tasks.base.Task.after_evaluation` adds (a curriculum's level).
 
-        ``keep_best=False`` (an evaluation off the ``eval_every`` grid, when a time limit stops
-        the run) reports the best batch including this one without keeping it, and leaves the
-        task's state as it was, so that a resumed run's later records equal an uninterrupted
-        run's.
+        A task with ``keep_best`` gets its best held-out weights copied to
+        ``checkpoints/best`` whenever an evaluation improves on them. ``on_grid=False`` (an
+        evaluation off the ``eval_every`` grid, when a time limit stops the run) reports the
+        best batch including this one without keeping it, and leaves the task's state and the
+        'plateau' schedule as they were, so that a resumed run's later records equal an
+        uninterrupted run's.
         """
         m, config = self.metric.name, self.config
         result = evaluate(self.model, self.task, self.held_out, info=self.info, bf16=config.bf16)
@@ -333,8 +353,13 @@ class Trainer:
         best = self.progress.best_batch
         if self.metric.improves(batch_value, best):
             best = batch_value
-        if keep_best:
+        if on_grid:
             self.progress.best_batch = best
+        if self.task.keep_best and self.metric.improves(result[m], self.progress.best_held_out):
+            self.progress.best_held_out = result[m]
+            self.save_best()
+        if on_grid and config.optim.schedule == "plateau":
+            self.plateau(result["loss"])
         metrics = {
             f"eval/{m}": result[m],
             "eval/loss": result["loss"],
@@ -343,7 +368,7 @@ class Trainer:
             f"eval/best_batch_{m}": best,
             **{f"eval/{m}_group_{g}": v for g, v in result["groups"].items()},
         }
-        if keep_best:
+        if on_grid:
             return metrics | self.task.after_evaluation(metrics)
         state = copy.deepcopy(self.task.state_dict())
         metrics |= self.task.after_evaluation(metrics)
@@ -372,6 +397,10 @@ class Trainer:
                 },
                 "elapsed_s": progress.elapsed(),
                 f"best_batch_{self.metric.name}": progress.best_batch,
+                "best_held_out": progress.best_held_out,
+                "lr_scale": progress.lr_scale,
+                "plateau_best": progress.plateau_best,
+                "plateau_bad": progress.plateau_bad,
                 "carried_state": carried,
                 "train_window": window,
                 "task_state": self.task.state_dict(),
@@ -392,6 +421,34 @@ class Trainer:
         """Release the run directory's lock (rank 0; idempotent, also after a failure)."""
         if self.lock is not None:
             self.lock.release()
+
+    def plateau(self, loss: float) -> None:
+        """The 'plateau' schedule's update after an evaluation with held-out ``loss``: more
+        than ``plateau_patience`` evaluations without a relative improvement of 1e-4 multiply
+        the rate by ``plateau_factor`` (from the next step on)."""
+        p, o = self.progress, self.config.optim
+        if math.isnan(p.plateau_best) or loss < p.plateau_best * (1 - 1e-4):
+            p.plateau_best, p.plateau_bad = loss, 0
+            return
+        p.plateau_bad += 1
+        if p.plateau_bad > o.plateau_patience:
+            p.lr_scale *= o.plateau_factor
+            p.plateau_bad = 0
+            factor = lr_multiplier(p.step, self.config) * p.lr_scale
+            for group, base in zip(
+                self.optimizer.param_groups, self.scheduler.base_lrs, strict=True
+            ):
+                group["lr"] = base * factor
+
+    def save_best(self) -> None:
+        """Copy the weights to ``checkpoints/best`` (rank 0 writes; all ranks wait)."""
+        if self.info.is_main:
+            record = {
+                "step": self.progress.step,
+                f"held_out_{self.metric.name}": self.progress.best_held_out,
+            }
+            ckpt_io.save_best(self.run_dir, self.progress.step, self.model, record)
+        barrier(self.info)
 
     def summary(
         self, status: str, last_eval: dict[str, float] | None, eval_step: int
@@ -419,7 +476,17 @@ class Trainer:
                 for x in self.task.extra_metrics
             },
             f"best_batch_{m}": None if math.isnan(progress.best_batch) else progress.best_batch,
+            **(self._best_summary() if self.task.keep_best else {}),
             "run_dir": str(self.run_dir),
+        }
+
+    def _best_summary(self) -> dict[str, Any]:
+        """The best held-out metric and where its weights are (None before any evaluation)."""
+        best = self.progress.best_held_out
+        path = ckpt_io.best_checkpoint(self.run_dir)
+        return {
+            f"best_held_out_{self.metric.name}": None if math.isnan(best) else best,
+            "best_checkpoint": None if path is None else str(path),
         }
 
     def finish(self, summary: dict[str, Any]) -> None:
