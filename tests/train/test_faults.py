@@ -41,7 +41,7 @@ ARGS = [
     "--rmc.num-heads", "1", "--rmc.head-size", "4", "--head.hidden-sizes", "8",
     "--optim.lr", "3e-3", "--no-tensorboard",
 ]  # fmt: skip
-WALL_CLOCK = {"time_s", "perf/sequences_per_s"}
+WALL_CLOCK = {"time_s", "perf/sequences_per_s", "perf/tokens_per_s"}
 
 
 def command(out_dir: Path, *extra: str) -> list[str]:

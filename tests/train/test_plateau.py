@@ -42,6 +42,7 @@ def test_reductions_survive_a_resume(tiny, tmp_path) -> None:
     trainer.plateau(1.0)
     trainer.plateau(2.0)  # patience 0: halved
     trainer.save()
+    trainer.release()  # the run directory's lock, as the loop does when a run ends
     state = ckpt_io.load_train_state(ckpt_io.resolve_checkpoint(tmp_path / "run"))
     assert state["lr_scale"] == 0.5 and state["plateau_best"] == 1.0
     resumed = tiny(steps=4, resume=tmp_path / "run")
@@ -50,6 +51,7 @@ def test_reductions_survive_a_resume(tiny, tmp_path) -> None:
     assert again.progress.lr_scale == 0.5
     assert lr(again) == pytest.approx(config.optim.lr / 2)
     assert again.scheduler.lr_lambdas[0](3) == pytest.approx(0.5)
+    again.release()
     result = run(resumed, "nth-farthest")
     assert result.status == "completed"
 

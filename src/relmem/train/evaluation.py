@@ -75,7 +75,7 @@ class Totals:
         """The primary metric of each group that has a count."""
         pairs = self.by_group.tolist()
         return {
-            g: self.metric.of_ratio(total / count)
+            g: self.specs[0].of_ratio(total / count)
             for g, (total, count) in enumerate(pairs)
             if count > 0
         }
