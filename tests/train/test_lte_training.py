@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from relmem import cli
+from relmem.commands.train import parse
 from relmem.tasks.learn_to_execute import LearnToExecuteConfig
 from relmem.train import checkpoint as ckpt_io
 from relmem.train.config import OptimConfig, TrainConfig
@@ -110,3 +111,9 @@ def test_eval_breaks_down_by_length_and_nesting_and_plot_draws(tiny, tmp_path, c
     assert record["count"] == 64 and set(record["breakdown"]["groups"]) == {"0", "1", "2", "3"}
     assert cli.main(["plot", str(tmp_path / "run")]) == 0
     assert (tmp_path / "run" / "plots" / "curves.png").stat().st_size > 0
+
+
+def test_the_issue_s_command_line_picks_the_sub_task() -> None:
+    for flag in ("--task", "--task.task-type"):
+        task_name, config = parse(["lte", flag, "control", "--model", "lstm"])
+        assert (task_name, config.task.task_type, config.model) == ("lte", "control", "lstm")

@@ -26,7 +26,7 @@ from relmem.train.config import OptimConfig, TrainConfig
 @register_preset("lte", "paper")
 def lte_paper() -> TrainConfig[LearnToExecuteConfig]:
     """The paper's Learning to Execute protocol on full programs (A.2; ``docs/tasks.md``
-    §2.5); ``--task.task-type`` picks another task."""
+    §2.5); ``--task`` picks another task."""
     return TrainConfig(
         task=LearnToExecuteConfig(task_type="program", max_length=5, max_nesting=2),
         model="rmc",

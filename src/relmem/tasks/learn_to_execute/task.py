@@ -14,10 +14,11 @@ from __future__ import annotations
 import random
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
+import tyro
 from torch import Tensor
 
 from relmem.models.spec import DecoderSpec, TaskSpec
@@ -66,7 +67,7 @@ class LearnToExecuteConfig:
             breaks the accuracy down on.
     """
 
-    task_type: TaskType = "program"
+    task_type: Annotated[TaskType, tyro.conf.arg(aliases=("--task",))] = "program"
     max_length: int = 5
     max_nesting: int = 2
     curriculum: Literal["baseline", "naive", "mix", "combine"] = "mix"
