@@ -472,8 +472,9 @@ def fast_sequence(
         defer_weight_grads: E10: compute an in-loop weight's gradient once per sequence, as
             one GEMM over all T·B rows, instead of one small GEMM per step. None (default):
             for the weights where :func:`deferral_pays`; True: for every weight; False: never.
-            Only with grad mode on and autocast off; ``FastRelationalMemory`` turns it off for
-            its compiled and graphed runs.
+            Only with grad mode on, autocast off and outside a graph being traced by
+            ``torch.compile`` or ``torch.export``; ``FastRelationalMemory`` turns it off for its
+            compiled and graphed runs.
 
     Returns:
         ``(outputs [T, B, N·M], final state)``; outputs past an example's length are zero and
