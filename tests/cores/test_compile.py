@@ -144,4 +144,6 @@ def test_dnc_compiles_with_inductor() -> None:
 def test_dnc_exports_with_lengths() -> None:
     core, inputs = _dnc({}, torch.float32)
     program = torch.export.export(core, (inputs,), kwargs={"lengths": torch.tensor([3, 1])})
-    torch.testing.assert_close(program.module()(inputs)[0], core(inputs)[0])
+    other = torch.tensor([2, 3])
+    got = program.module()(inputs, lengths=other)[0]
+    torch.testing.assert_close(got, core(inputs, lengths=other)[0])
