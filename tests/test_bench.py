@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
-from relmem.benchmarking.configs import CONFIGS, FLOOR
+from relmem.benchmarking.configs import CONFIGS, FLOOR, PORT
+from relmem.benchmarking.port import PortCore, file_sha256, load_port_class, port_arguments
 from relmem.commands.bench import main, parse
 from relmem.cores.rmc import RMCConfig, fast_path_products, step_flops
 
@@ -146,3 +148,103 @@ def test_bench_rejects_malformed_options(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
+
+
+# A stand-in for the public port's file (its constructor, initial_state and forward signature,
+# and the in-place scaling of a torch.split output that current autograd refuses); not its code.
+PORT_STAND_IN = """
+import torch
+from torch import nn
+
+
+class RelationalMemory(nn.Module):
+    def __init__(self, mem_slots, head_size, input_size, num_heads=1, num_blocks=1,
+                 forget_bias=1., input_bias=0., gate_style='unit', attention_mlp_layers=2,
+                 key_size=None, return_all_outputs=False):
+        super().__init__()
+        self.mem_slots, self.mem_size = mem_slots, head_size * num_heads
+        self.projector = nn.Linear(input_size, self.mem_size)
+
+    def initial_state(self, batch_size, trainable=False):
+        return torch.zeros(batch_size, self.mem_slots, self.mem_size)
+
+    def forward(self, inputs, memory):
+        outputs = []
+        for step in range(inputs.shape[1]):
+            head, tail = torch.split(self.projector(inputs[:, step]), [1, self.mem_size - 1], -1)
+            head *= 0.5
+            memory = memory + torch.cat([head, tail], -1).unsqueeze(1)
+            outputs.append(memory.view(memory.shape[0], -1))
+        return torch.cat(outputs), memory
+"""
+
+
+@pytest.fixture
+def port_file(tmp_path: Path) -> Path:
+    path = tmp_path / "relational_rnn_general.py"
+    path.write_text(PORT_STAND_IN)
+    return path
+
+
+def test_bench_times_the_port_beside_the_rest(tmp_path: Path, port_file: Path) -> None:
+    out = tmp_path / "results"
+    assert main(tiny_run(out, 2, "--against-port", str(port_file))) == 0
+    (path,) = out.glob("bench-cpu-*.json")
+    payload = json.loads(path.read_text())
+    records = {r["implementation"]: r for r in payload["results"]}
+    assert set(records) == {"reference", "fast", "lstm-params", "lstm-width", FLOOR, PORT}
+    port = records[PORT]
+    assert port["train"]["median_ms"] > 0 and port["forward"]["median_ms"] > 0
+    assert port["parameters"] == 32 * 128 + 128  # the stand-in's one projection, F=32 -> M=128
+    assert "equivalences" not in port
+    assert payload["port"] == {"path": str(port_file), "sha256": file_sha256(port_file)}
+    assert "÷ port" in payload["table"]
+    assert port_file.read_text() == PORT_STAND_IN  # the user's file is run as it is
+
+
+def test_the_port_loader_lets_its_split_views_be_scaled_in_place(port_file: Path) -> None:
+    with pytest.raises(RuntimeError, match="inplace"):  # the stand-in as current torch runs it
+        namespace: dict = {}
+        exec(compile(PORT_STAND_IN, "stand-in", "exec"), namespace)
+        core = namespace["RelationalMemory"](2, 3, 4)
+        core(torch.randn(2, 3, 4), core.initial_state(2))
+    core = PortCore(load_port_class(port_file)(2, 3, 4, return_all_outputs=True))
+    outputs, (memory,) = core(torch.randn(3, 2, 4))  # [T, B, F], time-major
+    (outputs.sum() + memory.sum()).backward()
+    assert outputs.shape == (3 * 2, 2 * 3) and memory.shape == (2, 2, 3)
+
+
+def test_port_arguments_skip_options_the_port_lacks(port_file: Path) -> None:
+    port = load_port_class(port_file)
+    assert port_arguments(port, {"input_size": 4, "mem_slots": 2, "head_size": 3}) == {
+        "input_size": 4,
+        "mem_slots": 2,
+        "head_size": 3,
+        "return_all_outputs": True,
+    }
+    assert port_arguments(port, {"input_size": 4, "mem_slots": 2, "input_rows": 2}) is None
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        (None, "no such file"),
+        ("raise ImportError('old torch')", "failed to import: ImportError('old torch')"),
+        ("x = 1", "defines no nn.Module named RelationalMemory"),
+        (
+            "from torch import nn\n"
+            "class RelationalMemory(nn.Module):\n"
+            "    def __init__(self, a): pass",
+            "lacks the port's arguments",
+        ),
+    ],
+)
+def test_bench_rejects_an_unusable_port_file(
+    tmp_path: Path, text: str | None, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "port.py"
+    if text is not None:
+        path.write_text(text)
+    assert main(tiny_run(tmp_path, 2, "--against-port", str(path))) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1

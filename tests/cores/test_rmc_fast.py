@@ -375,3 +375,26 @@ def test_auto_under_user_autocast_matches_reference() -> None:
         results.append((output.float(), module.cell.input_projection.weight.grad))
     _assert_close("autocast output", results[1][0], results[0][0], TOLERANCE[torch.bfloat16])
     _assert_close("autocast grad", results[1][1], results[0][1], TOLERANCE[torch.bfloat16])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fast_path_never_runs_the_reference_step(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """'auto' and 'fast' take the fast route for every option, cell and sequence, with and
+    without lengths: the reference step is made to fail, so a silent fallback would show."""
+
+    def no_reference(*args, **kwargs):
+        raise AssertionError("the fast path fell back to the reference step")
+
+    monkeypatch.setattr("relmem.cores.rmc.module.reference_step", no_reference)
+    for implementation in ("auto", "fast"):
+        core = RelationalMemory(**{**BASE, **CASES[case]}, implementation=implementation)
+        inputs = _input(core, 3, 2, torch.float32).requires_grad_()
+        for module in (core, FastRelationalMemory(core)):
+            output, final = module(inputs, lengths=torch.tensor([3, 1]))
+            (output.sum() + final.memory.sum()).backward()
+        output, state = core.cell(inputs[0])
+        output.sum().backward()
+    with pytest.raises(AssertionError, match="fell back"):
+        RelationalMemory(**{**BASE, **CASES[case]}, implementation="reference")(inputs.detach())

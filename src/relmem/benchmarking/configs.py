@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 FLOOR = "matmul-floor"
+PORT = "port"
 IMPLEMENTATIONS = (
     "reference",
     "fast",
@@ -15,6 +16,7 @@ IMPLEMENTATIONS = (
     "lstm-params",
     "lstm-width",
     FLOOR,
+    PORT,
 )
 
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from relmem.benchmarking.configs import FLOOR
+from relmem.benchmarking.configs import FLOOR, PORT
 
 _COLUMNS = ("config", "implementation", "fwd ms", "fwd+bwd ms", "items/s")
 
@@ -50,8 +50,8 @@ def summary(records: list[dict[str, Any]]) -> str:
     """A Markdown table: per configuration and implementation, ms and ratios."""
     lines = [
         "| config | T×B | implementation | fwd ms | fwd+bwd ms | fwd+bwd steps·batch/s "
-        "| ÷ lstm-params | ÷ lstm-width | ÷ matmul-floor | reference ÷ this |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| ÷ lstm-params | ÷ lstm-width | ÷ matmul-floor | ÷ port | reference ÷ this |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     by_config: dict[str, dict[str, dict[str, Any]]] = {}
     for record in records:
@@ -62,7 +62,7 @@ def summary(records: list[dict[str, Any]]) -> str:
         for impl, record in impls.items():
             ms = train_ms[impl]
             cells = []
-            for other in ("lstm-params", "lstm-width", FLOOR):
+            for other in ("lstm-params", "lstm-width", FLOOR, PORT):
                 cells.append(f"{ms / train_ms[other]:.2f}×" if other in train_ms else "–")
             ref = train_ms.get("reference")
             cells.append(f"{ref / ms:.2f}×" if ref else "–")

@@ -13,7 +13,8 @@ from relmem.benchmarking.baselines import (
     lstm_step_flops,
     matmul_floor_passes,
 )
-from relmem.benchmarking.configs import CONFIGS, FLOOR, BenchConfig
+from relmem.benchmarking.configs import CONFIGS, FLOOR, PORT, BenchConfig
+from relmem.benchmarking.port import PortCore, port_arguments
 from relmem.benchmarking.report import progress_row
 from relmem.benchmarking.timing import bench_interleaved, drop_grads, saved_bytes, timed_passes
 from relmem.cores.rmc import (
@@ -26,12 +27,17 @@ from relmem.cores.rmc import (
 
 
 def implementations(
-    config: BenchConfig, device: torch.device, compile_step: bool
+    config: BenchConfig,
+    device: torch.device,
+    compile_step: bool,
+    port: type[nn.Module] | None = None,
 ) -> dict[str, nn.Module]:
-    """The modules to time for ``config``: the RMC's implementations and the LSTM baselines.
+    """The modules to time for ``config``: the RMC's implementations and the baselines.
 
     All RMC implementations share the reference's parameters; ``fast+compile`` only with
-    ``compile_step``, the CUDA-graph ones only on CUDA.
+    ``compile_step``, the CUDA-graph ones only on CUDA, ``port`` (the public port's
+    ``RelationalMemory`` class, :mod:`relmem.benchmarking.port`) where it has every option the
+    configuration uses, with its own initialisation.
     """
     torch.manual_seed(0)
     reference = RelationalMemory(**config.rmc, implementation="reference", device=device)
@@ -49,6 +55,10 @@ def implementations(
     f = config.rmc["input_size"]
     impls["lstm-params"] = nn.LSTM(f, lstm_hidden_for_params(f, params), device=device)
     impls["lstm-width"] = nn.LSTM(f, reference.output_size, device=device)
+    arguments = None if port is None else port_arguments(port, config.rmc)
+    if port is not None and arguments is not None:
+        torch.manual_seed(0)
+        impls[PORT] = PortCore(port(**arguments)).to(device)
     return impls
 
 
@@ -60,6 +70,7 @@ def run_config(
     batch: int | None = None,
     only: Collection[str] | None = None,
     compile_step: bool = False,
+    port: type[nn.Module] | None = None,
     warmup: int = 1,
     repeat: int = 5,
 ) -> list[dict[str, Any]]:
@@ -71,6 +82,8 @@ def run_config(
         steps, batch: override the configuration's T and B (its CPU shape on the CPU).
         only: the implementations to time (default: all available here).
         compile_step: also time ``fast+compile``.
+        port: the public port's ``RelationalMemory`` class, timed as ``port`` (see
+            :func:`implementations`).
         warmup, repeat: untimed and timed runs per implementation and pass.
 
     Returns:
@@ -80,7 +93,7 @@ def run_config(
     config = CONFIGS[name]
     default_steps, default_batch = config.shape if device.type == "cuda" else config.cpu_shape
     steps, batch = steps or default_steps, batch or default_batch
-    impls = implementations(config, device, compile_step)
+    impls = implementations(config, device, compile_step, port)
     torch.manual_seed(1)
     inputs = torch.randn(steps, batch, config.rmc["input_size"], device=device)
     rmc_config = impls["reference"].config
@@ -126,7 +139,7 @@ def run_config(
             record["step_flops"] = lstm_step_flops(config.rmc["input_size"], hidden)
         else:
             record["step_flops"] = step_flops(rmc_config)
-            if impl != "reference":
+            if impl not in ("reference", PORT):
                 record["equivalences"] = fast_path_plan(rmc_config)
             if impl == FLOOR:
                 products = fast_path_products(rmc_config)

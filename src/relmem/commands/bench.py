@@ -11,6 +11,9 @@ and in one process:
   ``fast+compile`` (``torch.compile`` of the step; CPU too);
 - ``lstm-params``: ``nn.LSTM`` whose hidden size gives about the RMC's parameter count;
 - ``lstm-width``: ``nn.LSTM`` with hidden size N·M, the RMC's output width;
+- with ``--against-port PATH``, ``port``: the public PyTorch port's ``RelationalMemory``
+  (L0SG/relational-rnn-pytorch, ``relational_rnn_general.py``) from the user's copy of that
+  file, on every configuration whose options it has (:mod:`relmem.benchmarking.port`);
 - ``matmul-floor``: the fast path's weight matmuls alone, forward and backward, with nothing
   else (:func:`relmem.benchmarking.baselines.matmul_floor_passes`): an estimate of the least
   time an exact implementation built on the same GEMM can take, so ``reference ÷ matmul-floor``
@@ -34,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
@@ -42,6 +46,7 @@ import torch
 import tyro
 
 from relmem.benchmarking.configs import CONFIGS, IMPLEMENTATIONS
+from relmem.benchmarking.port import PortError, file_sha256, load_port_class
 from relmem.benchmarking.report import progress_header, summary, write_results
 from relmem.benchmarking.runner import run_config
 from relmem.env_info import machine_info
@@ -77,6 +82,9 @@ class BenchArgs:
     """Also time fast+compile."""
     threads: int | None = None
     """torch.set_num_threads (CPU)."""
+    against_port: Path | None = None
+    """Also time the public port's RelationalMemory, from your copy of L0SG/relational-rnn-pytorch's
+    relational_rnn_general.py."""
     out: Path = Path("benchmarks/results")
     """Directory for the JSON file."""
     list_configs: Annotated[bool, tyro.conf.arg(name="list")] = False
@@ -107,6 +115,13 @@ def main(argv: list[str]) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("relmem bench: CUDA is not available; use --device cpu")
         return 2
+    port = None
+    if args.against_port is not None:
+        try:
+            port = load_port_class(args.against_port)
+        except PortError as exc:
+            print(f"relmem bench: {exc}", file=sys.stderr)
+            return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     info = machine_info(device)
@@ -124,6 +139,7 @@ def main(argv: list[str]) -> int:
             batch=args.batch,
             only=args.only,
             compile_step=args.compile,
+            port=port,
             warmup=args.warmup,
             repeat=args.repeat,
         )
@@ -135,6 +151,9 @@ def main(argv: list[str]) -> int:
         "warmup": args.warmup,
         "repeat": args.repeat,
         "results": records,
+        "port": None
+        if args.against_port is None
+        else {"path": str(args.against_port), "sha256": file_sha256(args.against_port)},
         "table": table,
     }
     path = write_results(args.out, device.type, payload)

@@ -172,6 +172,11 @@ def check_lengths(
         raise ValueError(
             f"{module_name}: lengths must have shape [B] = [{batch}], got {tuple(lengths_t.shape)}"
         )
+    if torch.compiler.is_compiling():  # torch.compile or torch.export
+        # A graph being traced cannot branch on tensor values: it asserts them at run time.
+        in_range = (lengths_t.min() >= 0) & (lengths_t.max() <= steps)
+        torch._assert_async(in_range, f"{module_name}: every length must lie in 0..T = 0..{steps}")
+        return lengths_t.to(device=device, dtype=torch.long)
     low, high = int(lengths_t.min()), int(lengths_t.max())
     if low < 0 or high > steps:
         raise ValueError(

@@ -472,8 +472,9 @@ def fast_sequence(
         defer_weight_grads: E10: compute an in-loop weight's gradient once per sequence, as
             one GEMM over all T·B rows, instead of one small GEMM per step. None (default):
             for the weights where :func:`deferral_pays`; True: for every weight; False: never.
-            Only with grad mode on and autocast off; ``FastRelationalMemory`` turns it off for
-            its compiled and graphed runs.
+            Only with grad mode on, autocast off and outside a graph being traced by
+            ``torch.compile`` or ``torch.export``; ``FastRelationalMemory`` turns it off for its
+            compiled and graphed runs.
 
     Returns:
         ``(outputs [T, B, N·M], final state)``; outputs past an example's length are zero and
@@ -484,7 +485,10 @@ def fast_sequence(
     hoisted = _hoist(config, weights, step_weights, rows)
     # Autocast would hand the deferred linears mixed dtypes; E10 is for full-precision runs.
     autocast = torch.is_autocast_enabled(rows.device.type)
-    if defer_weight_grads is not False and torch.is_grad_enabled() and not autocast:
+    # E10's bank is Python state that a backward fills: a graph being traced (torch.compile,
+    # torch.export) cannot hold it, and there the compiler schedules the weight GEMMs itself.
+    traced = torch.compiler.is_compiling()
+    if defer_weight_grads is not False and torch.is_grad_enabled() and not autocast and not traced:
         if defer_weight_grads is None:  # only the weights for which deferral pays
             batch, rows_in = rows.shape[1], rows.shape[2]
             updates_input_rows = spec.query_all and len(step_weights.blocks) > 1
