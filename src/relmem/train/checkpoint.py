@@ -286,9 +286,14 @@ def verify_checkpoint(
     return meta
 
 
-def load_weights(ckpt: Path, model: nn.Module, device: torch.device | str = "cpu") -> None:
-    """Load ``model.safetensors`` of ``ckpt`` into ``model`` (strict), after verification."""
-    verify_checkpoint(ckpt, (MODEL_FILE,))
+def load_weights(
+    ckpt: Path, model: nn.Module, device: torch.device | str = "cpu", *, verified: bool = False
+) -> None:
+    """Load ``model.safetensors`` of ``ckpt`` into ``model`` (strict), after verification
+    (skipped when ``verified``: the caller has just checked its hash, as :func:`newest_intact`
+    does)."""
+    if not verified:
+        verify_checkpoint(ckpt, (MODEL_FILE,))
     file = ckpt / MODEL_FILE
     try:
         missing, unexpected = load_model(unwrap(model), str(file), strict=True, device=str(device))

@@ -199,5 +199,5 @@ def load_trained(
     else:
         ckpt = ckpt_io.resolve_checkpoint(checkpoint)
     model = build_model(config, task).to(device)
-    ckpt_io.load_weights(ckpt, model, device)
+    ckpt_io.load_weights(ckpt, model, device, verified=checkpoint is None)  # newest_intact's
     return config, task_name, task, model.eval(), ckpt

@@ -175,8 +175,9 @@ class Trainer:
             self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
         )
         self.progress = Progress()
+        # a lambda, not the bound method: LambdaLR then keeps no state of it in checkpoints
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_multiplier(s, config) * self.progress.lr_scale
+            self.optimizer, lambda s: self._lr_factor(s)
         )
         self.state: Any = None  # the carried recurrent state of a stateful task (None: initial)
         if saved is not None:
@@ -434,11 +435,16 @@ class Trainer:
         if p.plateau_bad > o.plateau_patience:
             p.lr_scale *= o.plateau_factor
             p.plateau_bad = 0
-            factor = lr_multiplier(p.step, self.config) * p.lr_scale
+            factor = self._lr_factor(p.step)
             for group, base in zip(
                 self.optimizer.param_groups, self.scheduler.base_lrs, strict=True
             ):
                 group["lr"] = base * factor
+
+    def _lr_factor(self, step: int) -> float:
+        """The factor on ``optim.lr`` at ``step``: the schedule's, times the 'plateau'
+        reductions so far."""
+        return lr_multiplier(step, self.config) * self.progress.lr_scale
 
     def save_best(self) -> None:
         """Copy the weights to ``checkpoints/best`` (rank 0 writes; all ranks wait)."""
