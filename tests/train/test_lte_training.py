@@ -115,5 +115,5 @@ def test_eval_breaks_down_by_length_and_nesting_and_plot_draws(tiny, tmp_path, c
 
 def test_the_issue_s_command_line_picks_the_sub_task() -> None:
     for flag in ("--task", "--task.task-type"):
-        task_name, config = parse(["lte", flag, "control", "--model", "lstm"])
+        task_name, config, _ = parse(["lte", flag, "control", "--model", "lstm"])
         assert (task_name, config.task.task_type, config.model) == ("lte", "control", "lstm")

@@ -19,7 +19,7 @@ from relmem.train.checkpoint import CHECKPOINT_DIR, CheckpointError, resolve_che
 from relmem.train.config import TrainConfig
 from relmem.train.lock import RunLockedError, check_unlocked
 from relmem.train.loop import run
-from relmem.train.runs import MAX_PARAMETERS, check_model_size, load_run_config
+from relmem.train.runs import MAX_PARAMETERS, load_run_config
 
 USAGE = """usage: relmem train TASK [--preset NAME] [--resume RUN_DIR] [OVERRIDES...]
 
@@ -33,13 +33,13 @@ def _error(exc: BaseException) -> int:
     return 2
 
 
-def parse(argv: list[str]) -> tuple[str, TrainConfig]:
-    """``(task_name, config)`` from ``TASK [--preset P] [--resume R] [overrides]``.
+def parse(argv: list[str]) -> tuple[str, TrainConfig, int]:
+    """``(task_name, config, max_parameters)`` from ``TASK [--preset P] [--resume R]
+    [--max-parameters N] [overrides]``; the trainer refuses a model over ``max_parameters``.
 
     Raises:
         SystemExit: from tyro, on --help or malformed overrides.
-        KeyError / ValueError / CheckpointError / FileNotFoundError: on bad values; a model
-        over ``--max-parameters`` is a ValueError.
+        KeyError / ValueError / CheckpointError / FileNotFoundError: on bad values.
     """
     task_name, rest = argv[0], argv[1:]
     entry = get_task(task_name)
@@ -77,8 +77,7 @@ def parse(argv: list[str]) -> tuple[str, TrainConfig]:
             f"{MAX_PARAMETERS:,}). The options below override either."
         ),
     )
-    check_model_size(config, entry.build(config.task), known.max_parameters)
-    return task_name, config
+    return task_name, config, known.max_parameters
 
 
 def main(argv: list[str]) -> int:
@@ -87,7 +86,7 @@ def main(argv: list[str]) -> int:
         print(USAGE.format(tasks=", ".join(list_tasks())))
         return 0 if argv else 2
     try:
-        task_name, config = parse(argv)
+        task_name, config, max_parameters = parse(argv)
     except SystemExit as exc:  # tyro has printed help or a boxed error message
         return int(exc.code or 0)
     except (
@@ -100,7 +99,8 @@ def main(argv: list[str]) -> int:
     ) as exc:
         return _error(exc)
     try:
-        result = run(config, task_name, argv=["relmem", "train", *argv])
+        argv = ["relmem", "train", *argv]
+        result = run(config, task_name, argv=argv, max_parameters=max_parameters)
     except (ValueError, CheckpointError, FileExistsError, RunLockedError, OSError) as exc:
         return _error(exc)
     return result.exit_code

@@ -90,25 +90,34 @@ class _StopFlag:
                 signal.signal(sig, handler)
 
 
-def run(config: TrainConfig, task_name: str, *, argv: list[str] | None = None) -> RunResult:
+def run(
+    config: TrainConfig,
+    task_name: str,
+    *,
+    argv: list[str] | None = None,
+    max_parameters: int | None = None,
+) -> RunResult:
     """Train ``config.model`` on the task ``task_name`` as configured.
 
     Args:
         config: the resolved configuration.
         task_name: a registered task (``relmem.tasks.list_tasks()``).
         argv: the command line to record in ``run.json`` (default ``sys.argv``).
+        max_parameters: refuse a model larger than this before anything is built or written
+            (``relmem train --max-parameters``; None: no bound).
 
     Returns:
         :class:`RunResult`; the CLI returns its ``exit_code``.
 
     Raises:
-        ValueError: a setting does not fit the machine (bf16 off CUDA, indivisible batch).
+        ValueError: a setting does not fit the machine (bf16 off CUDA, indivisible batch), or
+            the model is over ``max_parameters``.
         CheckpointError: ``config.resume`` names a damaged or missing checkpoint.
     """
     info, device = init_distributed(config.device)
     trainer = None
     try:
-        trainer = Trainer(config, task_name, info, device, argv)
+        trainer = Trainer(config, task_name, info, device, argv, max_parameters)
         result = _train(trainer)
         # Every rank finishes before any tears down its connections. Once, under a loaded CI
         # run, rank 1 aborted ("terminate called without an active exception") destroying its

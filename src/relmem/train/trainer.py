@@ -44,6 +44,7 @@ from relmem.train.lock import RunLock
 from relmem.train.metrics import JsonlLogger, MetricLogger, MultiLogger, TensorBoardLogger
 from relmem.train.runs import (
     build_model,
+    check_model_size,
     new_run_dir,
     read_invocations,
     record_invocation,
@@ -131,9 +132,12 @@ class Trainer:
         info: this process's place in the job.
         device: this process's device.
         argv: the command line to record in ``run.json`` (default ``sys.argv``).
+        max_parameters: refuse a larger model before the run directory is made (None: no
+            bound; :func:`~relmem.train.runs.check_model_size`).
 
     Raises:
-        ValueError: a setting does not fit the machine (bf16 off CUDA, indivisible batch).
+        ValueError: a setting does not fit the machine (bf16 off CUDA, indivisible batch), or
+            the model is over ``max_parameters``.
         CheckpointError: ``config.resume`` names a damaged or missing checkpoint.
     """
 
@@ -144,6 +148,7 @@ class Trainer:
         info: DistInfo,
         device: torch.device,
         argv: list[str] | None,
+        max_parameters: int | None = None,
     ) -> None:
         if config.bf16 and device.type != "cuda":
             raise ValueError(f"bf16 autocast needs a CUDA device; this run is on {device}")
@@ -161,12 +166,14 @@ class Trainer:
 
         resume = None if config.resume is None else ckpt_io.resolve_checkpoint(config.resume)
         saved = None if resume is None else ckpt_io.load_train_state(resume)
+        self.task = get_task(task_name).build(config.task)
+        self.metric = self.task.metric
+        if max_parameters is not None:
+            check_model_size(config, self.task, max_parameters)
         self.run_dir = (
             new_run_dir(config, task_name, info) if resume is None else resume.parent.parent
         )
 
-        self.task = get_task(task_name).build(config.task)
-        self.metric = self.task.metric
         self.model = build_model(config, self.task).to(device)
         if resume is not None:
             ckpt_io.load_weights(resume, self.model, device)
