@@ -17,5 +17,5 @@ if ! python -c "import torch" 2>/dev/null; then
         python -m pip install --quiet torch --index-url https://download.pytorch.org/whl/cpu
     fi
 fi
-python -m pip install --quiet -e ".[dev]"
+python -m pip install --quiet -e ".[dev,rl]"
 echo "relmem installed in $(pwd)/.venv"

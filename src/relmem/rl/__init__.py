@@ -1,0 +1,25 @@
+"""Reinforcement learning with relational memory (``docs/rl.md``): BoxWorld and Mini PacMan,
+the recurrent agent, and its training on TorchRL. Needs the ``rl`` extra
+(``pip install relmem[rl]``).
+
+Importing this package registers the Gymnasium ids ``relmem/BoxWorld-v0`` and
+``relmem/MiniPacman-v0``::
+
+    import gymnasium as gym
+    import relmem.rl
+
+    env = gym.make("relmem/BoxWorld-v0", grid_size=6, observation="viewport")
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+_GYM_IDS = {
+    "relmem/BoxWorld-v0": "relmem.rl.envs.boxworld:BoxWorldEnv",
+    "relmem/MiniPacman-v0": "relmem.rl.envs.minipacman:MiniPacmanEnv",
+}
+
+for _id, _entry_point in _GYM_IDS.items():
+    if _id not in gym.registry:
+        gym.register(id=_id, entry_point=_entry_point)
