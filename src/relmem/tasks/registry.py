@@ -24,11 +24,16 @@ PresetT = TypeVar("PresetT", bound=Preset)
 
 @dataclass(frozen=True)
 class TaskEntry:
-    """A registered task: its CLI name, config dataclass and builder ``build(config)``."""
+    """A registered task: its CLI name, config dataclass and builder ``build(config)``.
+
+    ``trainer`` is the :class:`~relmem.train.trainer.Trainer` subclass that trains it (None:
+    the supervised trainer); reinforcement-learning tasks give theirs (``docs/rl.md`` §4).
+    """
 
     name: str
     config_cls: type
     build: Builder
+    trainer: type | None = None
 
 
 @dataclass(frozen=True)
@@ -50,13 +55,16 @@ _PRESETS: dict[str, dict[str, PresetEntry]] = {}  # task -> CLI name -> entry
 _DEFAULTS: dict[str, str] = {}  # task -> CLI name of its default preset
 
 
-def register_task(name: str, config_cls: type) -> Callable[[Builder], Builder]:
-    """Decorator registering ``build(config) -> Task`` under ``name`` (the CLI's task name)."""
+def register_task(
+    name: str, config_cls: type, *, trainer: type | None = None
+) -> Callable[[Builder], Builder]:
+    """Decorator registering ``build(config) -> Task`` under ``name`` (the CLI's task name),
+    trained by ``trainer`` (None: the supervised :class:`~relmem.train.trainer.Trainer`)."""
 
     def decorator(build: Builder) -> Builder:
         if name in _TASKS:
             raise ValueError(f"task {name!r} is already registered")
-        _TASKS[name] = TaskEntry(name, config_cls, build)
+        _TASKS[name] = TaskEntry(name, config_cls, build, trainer)
         return build
 
     return decorator

@@ -27,13 +27,18 @@ TaskConfigT = TypeVar("TaskConfigT")
 
 @dataclass
 class OptimConfig:
-    """Adam, optional gradient clipping and the paper's learning-rate schedule.
+    """The optimiser (Adam or RMSProp), optional gradient clipping and the learning-rate
+    schedule.
 
     Attributes:
+        optimizer: 'adam' (default) or 'rmsprop' (``torch.optim.RMSprop``; IMPALA's, for the
+            RL ``paper`` presets, ``docs/rl.md`` §4).
         lr: peak learning rate (paper 1e-4).
         betas: Adam's (beta1, beta2).
-        eps: Adam's epsilon.
-        weight_decay: L2 penalty added by Adam (0 in the paper).
+        eps: the optimiser's epsilon (Adam's; RMSProp adds it to the root of the mean square).
+        alpha: RMSProp's decay of the mean square (0.99).
+        momentum: RMSProp's momentum (0).
+        weight_decay: L2 penalty added by the optimiser (0 in the paper).
         schedule: 'constant' (default) or 'paper', the Sonnet example's continuous decay
             ``max(lr * decay_rate ** (step / decay_steps), min_lr)`` (``docs/tasks.md`` §1.3).
         decay_rate, decay_steps, min_lr: the 'paper' schedule's constants (0.9, 10000, 8e-5).
@@ -44,9 +49,12 @@ class OptimConfig:
         grad_clip: clip the global gradient norm to this value; None disables (paper).
     """
 
+    optimizer: Literal["adam", "rmsprop"] = "adam"
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    alpha: float = 0.99
+    momentum: float = 0.0
     weight_decay: float = 0.0
     schedule: Literal["constant", "paper", "plateau"] = "constant"
     decay_rate: float = 0.9
@@ -67,6 +75,11 @@ class OptimConfig:
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"optim.betas must lie in [0, 1), got {self.betas}")
         check_choice("optim.schedule", self.schedule, ("constant", "paper", "plateau"))
+        check_choice("optim.optimizer", self.optimizer, ("adam", "rmsprop"))
+        if not 0.0 <= self.alpha < 1.0:
+            raise ValueError(f"optim.alpha must lie in [0, 1), got {self.alpha}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"optim.momentum must lie in [0, 1), got {self.momentum}")
         check_at_least("optim.", self, plateau_patience=0)
         if not 0 < self.plateau_factor < 1:
             raise ValueError(f"optim.plateau_factor must lie in (0, 1), got {self.plateau_factor}")

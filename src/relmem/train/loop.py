@@ -29,6 +29,7 @@ from typing import Any
 from tqdm import tqdm
 
 from relmem.tasks.base import MetricSpec
+from relmem.tasks.registry import get_task
 from relmem.train import checkpoint as ckpt_io
 from relmem.train.config import TrainConfig
 from relmem.train.distributed import barrier, init_distributed, shutdown_distributed
@@ -117,7 +118,8 @@ def run(
     info, device = init_distributed(config.device)
     trainer = None
     try:
-        trainer = Trainer(config, task_name, info, device, argv, max_parameters)
+        trainer_class = get_task(task_name).trainer or Trainer
+        trainer = trainer_class(config, task_name, info, device, argv, max_parameters)
         result = _train(trainer)
         # Every rank finishes before any tears down its connections. Once, under a loaded CI
         # run, rank 1 aborted ("terminate called without an active exception") destroying its

@@ -31,7 +31,7 @@ from relmem.models import count_parameters
 from relmem.tasks.base import Batch, step_generator
 from relmem.tasks.registry import get_task
 from relmem.train import checkpoint as ckpt_io
-from relmem.train.config import TrainConfig, config_to_dict
+from relmem.train.config import OptimConfig, TrainConfig, config_to_dict
 from relmem.train.distributed import (
     DistInfo,
     all_gather_rows,
@@ -71,6 +71,23 @@ def lr_multiplier(step: int, config: TrainConfig) -> float:
     if o.schedule in ("constant", "plateau"):
         return 1.0
     return max(o.decay_rate ** (step / o.decay_steps), o.min_lr / o.lr)
+
+
+def make_optimizer(parameters: Any, o: OptimConfig) -> torch.optim.Optimizer:
+    """``o.optimizer`` over ``parameters``: Adam (``betas``, ``eps``, ``weight_decay``) or
+    RMSProp (decay ``alpha``, ``eps``, ``momentum``, ``weight_decay``; the IMPALA preset's)."""
+    if o.optimizer == "rmsprop":
+        return torch.optim.RMSprop(
+            parameters,
+            lr=o.lr,
+            alpha=o.alpha,
+            eps=o.eps,
+            momentum=o.momentum,
+            weight_decay=o.weight_decay,
+        )
+    return torch.optim.Adam(
+        parameters, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
+    )
 
 
 @dataclass
@@ -126,6 +143,14 @@ class Trainer:
     the run directory, builds the task, the model (DDP-wrapped when distributed), the optimiser
     and the schedule, restores a checkpoint's state, and opens the metric loggers (rank 0).
 
+    This class is the supervised trainer. A task whose data comes from acting (reinforcement
+    learning, :mod:`relmem.rl.trainer`) registers a subclass (``register_task(...,
+    trainer=...)``) that replaces what differs: :meth:`build_model`, :meth:`step`,
+    :meth:`evaluate` and the metrics. The cadence (:mod:`relmem.train.loop`), the run
+    directory, its lock and logs, checkpoints (the task's :meth:`~relmem.tasks.base.Task.
+    state_dict` rides in ``train_state.pt``), :meth:`apply_gradients` and the summary stay
+    this class's.
+
     Args:
         config: the resolved configuration.
         task_name: a registered task.
@@ -169,18 +194,15 @@ class Trainer:
         self.task = get_task(task_name).build(config.task)
         self.metric = self.task.metric
         if max_parameters is not None:
-            check_model_size(config, self.task, max_parameters)
+            self.check_size(max_parameters)
         self.run_dir = (
             new_run_dir(config, task_name, info) if resume is None else resume.parent.parent
         )
 
-        self.model = build_model(config, self.task).to(device)
+        self.model = self.build_model()
         if resume is not None:
             ckpt_io.load_weights(resume, self.model, device)
-        o = config.optim
-        self.optimizer = torch.optim.Adam(
-            self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
-        )
+        self.optimizer = make_optimizer(self.model.parameters(), config.optim)
         self.progress = Progress()
         # a lambda, not the bound method: LambdaLR then keeps no state of it in checkpoints
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -206,6 +228,18 @@ class Trainer:
             # the sums since the last log line, all ranks' together (on rank 0 alone: the next
             # all-reduce adds them once), so the first record after a resume covers every step
             self.window.sums.copy_(saved["train_window"])
+
+    def check_size(self, max_parameters: int) -> None:
+        """Refuse a model over ``max_parameters`` before anything is built or written.
+
+        Raises:
+            ValueError: naming ``--max-parameters``.
+        """
+        check_model_size(self.config, self.task, max_parameters)
+
+    def build_model(self) -> nn.Module:
+        """The model to train, on this process's device (weights seeded by ``config.seed``)."""
+        return build_model(self.config, self.task).to(self.device)
 
     def _restore(self, saved: dict[str, Any]) -> None:
         """Optimiser, schedule, counters, RNG and carried state from a checkpoint."""
@@ -308,11 +342,7 @@ class Trainer:
         nonfinite, signum_any, time_up_any = all_reduce_max(flags, self.info).tolist()
         if nonfinite:
             raise TrainingDiverged(f"the loss is {loss.item()} at step {self.progress.step + 1}")
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.config.optim.grad_clip is not None:
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
-        self.optimizer.step()
+        self.apply_gradients(loss)
         self.scheduler.step()
         if self.task.stateful:
             self.state = detach_state(state)
@@ -321,6 +351,16 @@ class Trainer:
         self.window_tokens += batch.inputs.shape[:2].numel() * self.info.world_size
         self.window.add(measures, None)
         return StepOutcome(int(signum_any), bool(time_up_any))
+
+    def apply_gradients(self, loss: Tensor) -> None:
+        """One optimiser update on ``loss``: zero the gradients, back-propagate, clip the
+        global norm to ``optim.grad_clip`` (if set), step. The schedule moves once per
+        training step, in :meth:`step`."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.config.optim.grad_clip is not None:
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
+        self.optimizer.step()
 
     def train_metrics(self) -> dict[str, float]:
         """``train/loss``, ``train/{metric}``, ``train/lr``, ``perf/sequences_per_s`` and
@@ -483,7 +523,7 @@ class Trainer:
             "held_out_step": eval_step,
             "metric": m,
             f"held_out_{m}": None if last_eval is None else last_eval[f"eval/{m}"],
-            "held_out_loss": None if last_eval is None else last_eval["eval/loss"],
+            "held_out_loss": None if last_eval is None else last_eval.get("eval/loss"),
             **{
                 f"held_out_{x.name}": None if last_eval is None else last_eval[f"eval/{x.name}"]
                 for x in self.task.extra_metrics
