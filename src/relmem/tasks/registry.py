@@ -26,8 +26,9 @@ PresetT = TypeVar("PresetT", bound=Preset)
 class TaskEntry:
     """A registered task: its CLI name, config dataclass and builder ``build(config)``.
 
-    ``trainer`` is the :class:`~relmem.train.trainer.Trainer` subclass that trains it (None:
-    the supervised trainer); reinforcement-learning tasks give theirs (``docs/rl.md`` §4).
+    ``trainer`` builds the :class:`~relmem.train.trainer.Trainer` that trains it (the
+    subclass, or a function with its constructor's arguments; None: the supervised trainer);
+    reinforcement-learning tasks give theirs (``docs/rl.md`` §4).
     """
 
     name: str
@@ -92,13 +93,17 @@ def register_preset(task: str, name: str, *, default: bool = False) -> Callable[
 
 @contextmanager
 def registered(
-    name: str, config_cls: type, build: Builder, presets: dict[str, Preset] | None = None
+    name: str,
+    config_cls: type,
+    build: Builder,
+    presets: dict[str, Preset] | None = None,
+    trainer: type | None = None,
 ) -> Iterator[TaskEntry]:
     """Register a task (and presets; the first is its default) for the ``with`` block only.
 
     Tests use it so that their tasks do not leak into other tests.
     """
-    register_task(name, config_cls)(build)
+    register_task(name, config_cls, trainer=trainer)(build)
     for i, (preset_name, function) in enumerate((presets or {}).items()):
         register_preset(name, preset_name, default=i == 0)(function)
     try:

@@ -1,0 +1,131 @@
+"""The ``--task.*`` options of the reinforcement-learning tasks (``docs/rl.md`` §4).
+
+An RL task's config is its game's parameters (named as the game names them) plus the learner's
+settings (:class:`LearnerConfig`), in one flat dataclass so that the command line reads
+``relmem train boxworld --task.grid-size 6 --task.algorithm ppo --task.unroll 20``. The
+trainer's own settings keep their meaning: ``--batch-size`` is the number of environments
+stepped together (trajectories per training step), ``--steps`` the number of training steps
+(each one collected batch of ``batch_size x unroll`` frames and its update), ``--seed`` seeds
+the weights, the environments and the action sampling.
+
+Nothing here imports TorchRL: the task registry reads these classes whenever ``relmem`` lists
+tasks, and the library stays light until an RL run starts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from relmem.validation import check_at_least, check_choice, check_positive
+
+ALGORITHMS = ("ppo", "impala")
+
+
+@dataclass
+class LearnerConfig:
+    """How an RL task learns (the update that plugs into the trainer's step).
+
+    Attributes:
+        algorithm: 'ppo' (TorchRL ``ClipPPOLoss`` with ``GAE`` on whole rollouts, one process;
+            for small runs) or 'impala' (``VTrace`` + ``A2CLoss`` on batches from an
+            asynchronous multi-process collector; the paper's setting).
+        unroll: T, environment steps per trajectory in a batch (IMPALA: 40).
+        gamma: the discount (0.99).
+        lmbda: GAE's lambda (PPO only).
+        entropy_coeff: weight of the entropy bonus (IMPALA: 0.005).
+        critic_coeff: weight of the value loss (IMPALA: 0.5).
+        clip_epsilon: PPO's ratio clip.
+        epochs: PPO's passes over each collected batch.
+        minibatches: PPO's minibatches per pass; trajectories are split whole (the time axis
+            is never shuffled: the recurrent core replays each trajectory from its stored
+            state).
+        normalize_advantage: PPO's per-minibatch advantage normalisation.
+        collectors: IMPALA's collector processes, each stepping ``batch_size`` environments;
+            every training step takes the batch of whichever process finished first.
+        eval_episodes: held-out episodes played at each evaluation (a fixed seeded set of
+            levels, the same at every evaluation; ``relmem eval`` plays 1000 by default).
+        eval_seed: the seed of the held-out levels (disjoint from training: the training
+            environments are seeded from ``--seed`` through another stream).
+    """
+
+    algorithm: Literal["ppo", "impala"] = "ppo"
+    unroll: int = 20
+    gamma: float = 0.99
+    lmbda: float = 0.95
+    entropy_coeff: float = 0.01
+    critic_coeff: float = 0.5
+    clip_epsilon: float = 0.2
+    epochs: int = 4
+    minibatches: int = 1
+    normalize_advantage: bool = False
+    collectors: int = 2
+    eval_episodes: int = 200
+    eval_seed: int = 20_000_000
+
+    def check_learner(self) -> None:
+        """Validate the learner's settings (each error names ``task.<option>``)."""
+        check_choice("task.algorithm", self.algorithm, ALGORITHMS)
+        check_at_least("task.", self, unroll=1, epochs=1, minibatches=1, collectors=1)
+        check_at_least("task.", self, eval_episodes=1, eval_seed=0)
+        check_at_least("task.", self, entropy_coeff=0.0, critic_coeff=0.0)
+        check_positive("task.", self, "clip_epsilon")
+        for name in ("gamma", "lmbda"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+                raise ValueError(f"task.{name} must lie in [0, 1], got {value}")
+
+    def game_options(self) -> dict[str, Any]:
+        """The game's constructor arguments (the fields this class does not define)."""
+        learner = set(LearnerConfig.__dataclass_fields__)
+        return {
+            name: getattr(self, name) for name in self.__dataclass_fields__ if name not in learner
+        }
+
+
+@dataclass
+class BoxWorldConfig(LearnerConfig):
+    """``relmem train boxworld``: BoxWorld's parameters (``docs/rl.md`` §1) and the learner's.
+
+    Attributes:
+        grid_size: n, the interior's side (the map is (n+2) x (n+2)).
+        solution_length: L, boxes on the path to the gem; an int or the values to draw from.
+        num_forward: distractor branches; an int or the values to draw from.
+        num_backward: backward distractors; an int or the values to draw from.
+        branch_length: boxes per distractor branch.
+        max_steps: the episode's step limit (truncation).
+        observation: 'full' (the whole map) or 'viewport' (5x5 around the agent and the held
+            key's colour).
+    """
+
+    grid_size: int = 12
+    solution_length: int | tuple[int, ...] = (1, 2, 3, 4)
+    num_forward: int | tuple[int, ...] = (0, 1, 2, 3, 4)
+    num_backward: int | tuple[int, ...] = 0
+    branch_length: int = 1
+    max_steps: int = 120
+    observation: Literal["full", "viewport"] = "full"
+
+    def __post_init__(self) -> None:
+        self.check_learner()
+        check_choice("task.observation", self.observation, ("full", "viewport"))
+
+
+@dataclass
+class MiniPacmanConfig(LearnerConfig):
+    """``relmem train minipacman``: Mini PacMan's parameters (``docs/rl.md`` §2) and the
+    learner's.
+
+    Attributes:
+        task: 'regular', 'avoid', 'hunt', 'ambush' or 'rush' (the reward scheme).
+        observation: 'full' (the 15 x 19 maze) or 'viewport' (5x5 around PacMan).
+    """
+
+    task: Literal["regular", "avoid", "hunt", "ambush", "rush"] = "regular"
+    observation: Literal["full", "viewport"] = "full"
+
+    def __post_init__(self) -> None:
+        self.check_learner()
+        check_choice("task.task", self.task, ("regular", "avoid", "hunt", "ambush", "rush"))
+        check_choice("task.observation", self.observation, ("full", "viewport"))

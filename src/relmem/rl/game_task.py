@@ -1,0 +1,268 @@
+"""An RL task as the trainer sees it: a game, its environments and collector, and its metrics.
+
+:class:`GameTask` plays the part a supervised :class:`~relmem.tasks.base.Task` plays for the
+trainer: it names the primary metric and the extra ones (as :class:`~relmem.tasks.base.Measure`
+sums and counts, reduced by the trainer's :class:`~relmem.train.evaluation.Totals`), owns the
+data stream (here the TorchRL collector over the game's batched environments) and saves that
+stream's position in ``train_state.pt`` through :meth:`state_dict`, as a stateful language
+model saves its place in the corpus.
+
+- **Environments**: ``make_env(game, B, seed, **options)`` (:mod:`relmem.rl.envs.torchrl_env`),
+  with TorchRL's ``RewardSum`` and ``StepCounter`` appended (the episode's return and length,
+  read at its last step) and the agent's ``TensorDictPrimer`` (its recurrent state).
+- **Collection**: PPO uses one ``torchrl.collectors.Collector`` in this process (exactly
+  resumable); IMPALA ``Collector(..., backend="process", num_collectors=k, sync=False)``.
+- **Exact resume** (PPO): the environments' batched cores (``BatchedEnv.state_dict``: boards,
+  counters, one numpy generator per instance; numpy arrays stored as tensors) and the
+  collector's carried TensorDict (the last observation, ``is_init``, the running return and
+  length, and the agent's recurrent state). Torch's global generator, which samples the
+  actions, is the trainer's to save.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import Tensor, nn
+from torchrl.collectors import Collector
+from torchrl.envs import EnvBase, RewardSum, StepCounter, TransformedEnv
+
+from relmem.rl import keys
+from relmem.rl.config import LearnerConfig
+from relmem.tasks.base import Measure, MetricSpec, derive_seed
+
+SOLVED = MetricSpec("solved", True, "levels solved", "solved", percent=True)
+RETURN = MetricSpec("return", True, "episode return", "ret")
+LENGTH = MetricSpec("length", False, "episode length", "len")
+LOSS_TERMS = ("loss_objective", "loss_critic", "loss_entropy")
+LOSSES = tuple(MetricSpec(name, False, name.replace("_", " "), name) for name in LOSS_TERMS)
+
+EPISODE_RETURN = "episode_reward"  # RewardSum's key
+EPISODE_LENGTH = "step_count"  # StepCounter's key
+STREAM_ENV = 11  # the training environments' seeds: derive_seed(seed, STREAM_ENV, worker)
+
+EnvFactory = Callable[..., TransformedEnv]
+AgentFactory = Callable[..., nn.Module]
+
+
+def training_env(
+    make_env: EnvFactory,
+    game: str,
+    batch_size: int,
+    seed: int,
+    options: dict[str, Any],
+    primer: Any,
+) -> TransformedEnv:
+    """``make_env``'s environment with the episode counters and the agent's primer appended
+    (a module-level function: collector processes receive it pickled)."""
+    env = make_env(game, batch_size, seed, **options)
+    env.append_transform(RewardSum(in_keys=[keys.REWARD], out_keys=[EPISODE_RETURN]))
+    env.append_transform(StepCounter())
+    env.append_transform(primer)
+    return env
+
+
+def batched_core(env: EnvBase) -> Any:
+    """The numpy :class:`~relmem.rl.envs.base.BatchedEnv` under a TorchRL environment."""
+    return env.base_env.core
+
+
+def to_tensors(value: Any) -> Any:
+    """A ``BatchedEnv.state_dict`` with its numpy arrays as tensors (``weights_only`` loads)."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy())
+    if isinstance(value, dict):
+        return {k: to_tensors(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_tensors(v) for v in value)
+    return value
+
+
+def to_arrays(value: Any) -> Any:
+    """The inverse of :func:`to_tensors`."""
+    if isinstance(value, Tensor):
+        return value.numpy()
+    if isinstance(value, dict):
+        return {k: to_arrays(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_arrays(v) for v in value)
+    return value
+
+
+def episode_measures(batch: TensorDictBase, solvable: bool) -> dict[str, Measure]:
+    """The episodes that ended in ``batch [B, T]``: their returns, lengths and, if
+    ``solvable``, whether they were solved (terminated on a positive reward: the gem, not a
+    distractor), one row per episode."""
+    nxt = batch["next"]
+    done = nxt[keys.DONE].squeeze(-1)  # [B, T]
+    returns = nxt[EPISODE_RETURN].squeeze(-1)[done].double()
+    lengths = nxt[EPISODE_LENGTH].squeeze(-1)[done].double()
+    out = {RETURN.name: Measure.per_example(returns), LENGTH.name: Measure.per_example(lengths)}
+    if solvable:
+        won = nxt[keys.TERMINATED].squeeze(-1) & (nxt[keys.REWARD].squeeze(-1) > 0)
+        out[SOLVED.name] = Measure.per_example(won[done].double())
+    return out
+
+
+class GameTask:
+    """A game trained by reinforcement learning (``relmem train boxworld``).
+
+    Args:
+        game: ``'boxworld'`` or ``'minipacman'`` (what ``make_env`` builds).
+        config: the task's config (the game's options and the learner's settings).
+        solvable: the game's episodes can be won (BoxWorld); the primary metric is then the
+            solve rate, else the return.
+        make_env: the environment factory (default
+            :func:`relmem.rl.envs.torchrl_env.make_env`).
+        build_agent: the agent factory (default :func:`relmem.rl.agent.build_agent`).
+        evaluate: plays held-out episodes (default
+            :func:`relmem.rl.evaluation.evaluate_policy`).
+
+    Raises:
+        ValueError / TypeError: a game option the game refuses (its message names it).
+    """
+
+    stateful = False
+    keep_best = False
+    group_name = "group"
+    num_groups = 0
+
+    def __init__(
+        self,
+        game: str,
+        config: LearnerConfig,
+        *,
+        solvable: bool,
+        make_env: EnvFactory | None = None,
+        build_agent: AgentFactory | None = None,
+        evaluate: Callable[..., dict[str, float]] | None = None,
+    ) -> None:
+        if make_env is None:
+            from relmem.rl.envs.torchrl_env import make_env
+        if build_agent is None:
+            from relmem.rl.agent import build_agent
+        if evaluate is None:
+            from relmem.rl.evaluation import evaluate_policy as evaluate
+        self.game, self.config, self.solvable = game, config, solvable
+        self.make_env, self.build_agent, self.play = make_env, build_agent, evaluate
+        self.options = config.game_options()
+        self.metric = SOLVED if solvable else RETURN
+        self.extra_metrics = (RETURN, LENGTH, *LOSSES) if solvable else (LENGTH, *LOSSES)
+        probe = make_env(game, 1, 0, **self.options)  # the game checks its options here
+        self.observation_shape = tuple(probe.observation_spec[keys.OBSERVATION].shape[-3:])
+        self.num_actions = int(probe.action_spec.space.n)
+        probe.close()
+        self.collector: Any = None
+        self._batches: Iterator[TensorDictBase] | None = None
+        self._env: EnvBase | None = None
+
+    def agent(self, model: str, core_config: Any) -> nn.Module:
+        """A new agent with ``model``'s core (``rmc``, ``lstm``, ``convlstm``)."""
+        return self.build_agent(self.observation_shape, self.num_actions, model, core_config)
+
+    def env_factory(self, agent: nn.Module, batch_size: int, seed: int) -> Callable[[], EnvBase]:
+        """A picklable function building ``batch_size`` training environments."""
+        return functools.partial(
+            training_env,
+            self.make_env,
+            self.game,
+            batch_size,
+            seed,
+            self.options,
+            agent.make_tensordict_primer(),
+        )
+
+    def start(self, agent: nn.Module, batch_size: int, seed: int) -> None:
+        """Build the environments and the collector that feeds :meth:`collect` (``batch_size``
+        environments per collector, ``unroll`` steps each per batch)."""
+        c = self.config
+        frames = batch_size * c.unroll
+        if c.algorithm == "ppo":
+            self._env = self.env_factory(agent, batch_size, derive_seed(seed, STREAM_ENV, 0))()
+            self.collector = Collector(
+                self._env, agent.policy, frames_per_batch=frames, total_frames=-1
+            )
+        else:
+            factories = [
+                self.env_factory(agent, batch_size, derive_seed(seed, STREAM_ENV, i))
+                for i in range(c.collectors)
+            ]
+            self.collector = Collector(
+                factories,
+                agent.policy,
+                backend="process",
+                num_collectors=c.collectors,
+                sync=False,
+                frames_per_batch=frames,
+                total_frames=-1,
+            )
+        self._batches = iter(self.collector)
+
+    def collect(self) -> TensorDictBase:
+        """The next collected batch, ``[B, T]``."""
+        assert self._batches is not None, "GameTask.start() has not been called"
+        return next(self._batches)
+
+    def sync_weights(self) -> None:
+        """Send the updated weights to collector processes (IMPALA; a no-op in-process)."""
+        if self.config.algorithm != "ppo":
+            self.collector.update_policy_weights_()
+
+    def measures(self, batch: TensorDictBase) -> dict[str, Measure]:
+        """:func:`episode_measures` of ``batch``."""
+        return episode_measures(batch, self.solvable)
+
+    def held_out(self, device: torch.device) -> Any:
+        """The held-out levels: ``eval_episodes`` episodes from ``eval_seed``."""
+        return HeldOutLevels(self.config.eval_seed, self.config.eval_episodes)
+
+    def evaluate(self, agent: nn.Module | None, episodes: int | None = None) -> dict[str, float]:
+        """Play the held-out levels with ``agent``'s policy (None: a uniform random policy)."""
+        return self.play(
+            agent,
+            functools.partial(self.make_env, self.game, **self.options),
+            episodes or self.config.eval_episodes,
+            self.config.eval_seed,
+        )
+
+    def after_evaluation(self, metrics: dict[str, float]) -> dict[str, float]:
+        return {}
+
+    def plot_levels(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The collection's position (PPO): the environments' cores and the collector's
+        carried TensorDict; ``{}`` for IMPALA (asynchronous collection is not replayable)."""
+        if self._env is None:
+            return {}
+        return {
+            "env": to_tensors(batched_core(self._env).state_dict()),
+            "carrier": self.collector._carrier.to_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output (after :meth:`start`)."""
+        if not state or self._env is None:
+            return
+        batched_core(self._env).load_state_dict(to_arrays(state["env"]))
+        carrier = self.collector._carrier
+        carrier.update(TensorDict(state["carrier"], batch_size=carrier.batch_size))
+
+    def close(self) -> None:
+        """Stop the collector (and its processes)."""
+        if self.collector is not None:
+            self.collector.shutdown()
+            self.collector, self._batches, self._env = None, None, None
+
+
+class HeldOutLevels:
+    """The fixed held-out levels of an RL task: ``size`` episodes from ``seed``."""
+
+    def __init__(self, seed: int, size: int) -> None:
+        self.seed, self.size = seed, size

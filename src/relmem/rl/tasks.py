@@ -1,0 +1,152 @@
+"""``relmem train boxworld`` and ``relmem train minipacman``: the RL tasks and their presets.
+
+Importing this module registers both tasks (with :class:`~relmem.rl.trainer.RLTrainer` as
+their trainer) and their ``cpu`` and ``paper`` presets. ``relmem.commands`` imports it when
+TorchRL and Gymnasium are installed (the ``rl`` extra); the core library never does. TorchRL
+itself is imported only when a run starts (this module and :mod:`relmem.rl.config` do not
+need it), so listing tasks stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relmem.models import LSTMModelConfig, RMCModelConfig
+from relmem.rl.config import BoxWorldConfig, LearnerConfig, MiniPacmanConfig
+from relmem.tasks.registry import register_preset, register_task
+from relmem.train.config import OptimConfig, TrainConfig
+
+__all__ = ["build_boxworld", "build_minipacman"]
+
+
+def rl_trainer(*args: Any, **kwargs: Any) -> Any:
+    """The RL tasks' trainer, :class:`~relmem.rl.trainer.RLTrainer` (imported on use: it needs
+    TorchRL)."""
+    from relmem.rl.trainer import RLTrainer
+
+    return RLTrainer(*args, **kwargs)
+
+
+def _game_task(game: str, config: LearnerConfig, solvable: bool) -> Any:
+    from relmem.rl.game_task import GameTask
+
+    return GameTask(game, config, solvable=solvable)
+
+
+@register_task("boxworld", BoxWorldConfig, trainer=rl_trainer)
+def build_boxworld(config: BoxWorldConfig) -> Any:
+    """Registry builder: BoxWorld, scored by the share of levels solved."""
+    return _game_task("boxworld", config, solvable=True)
+
+
+@register_task("minipacman", MiniPacmanConfig, trainer=rl_trainer)
+def build_minipacman(config: MiniPacmanConfig) -> Any:
+    """Registry builder: Mini PacMan, scored by the episode return."""
+    return _game_task("minipacman", config, solvable=False)
+
+
+def _paper(task: Any, steps: int) -> TrainConfig:
+    return TrainConfig(
+        task=task,
+        model="rmc",
+        # the agent's cores as spec §3.2 gives them: RMC 4 memories x 4 heads x 64 (M = 256,
+        # memory gating), LSTM 256 units
+        rmc=RMCModelConfig(mem_slots=4, head_size=64, num_heads=4, gate_style="memory"),
+        lstm=LSTMModelConfig(hidden_size=256),
+        # IMPALA's optimiser (spec §3.2): RMSProp, decay 0.99, epsilon 0.01, global-norm clip
+        # 40; the paper swept the rate over [1e-5, 2e-4]
+        optim=OptimConfig(optimizer="rmsprop", lr=2e-4, alpha=0.99, eps=0.01, grad_clip=40.0),
+        steps=steps,
+        batch_size=32,
+        eval_every=2000,
+        log_every=100,
+        checkpoint_every=2000,
+    )
+
+
+def _cpu(task: Any) -> TrainConfig:
+    return TrainConfig(
+        task=task,
+        model="rmc",
+        rmc=RMCModelConfig(mem_slots=2, head_size=32, num_heads=2, gate_style="memory"),
+        lstm=LSTMModelConfig(hidden_size=128),
+        optim=OptimConfig(lr=5e-4, grad_clip=40.0),
+        steps=100_000,
+        batch_size=32,
+        time_limit_min=20.0,
+        eval_every=100,
+        log_every=10,
+        checkpoint_every=100,
+        cpu_threads=1,
+        device="cpu",
+    )
+
+
+@register_preset("boxworld", "cpu", default=True)
+def boxworld_cpu() -> TrainConfig:
+    """The default: small full-observation levels that a 2-core CPU learns in 20 minutes.
+
+    ``grid_size=6``, one or two boxes on the path (``solution_length=(1, 2)``), zero or one
+    distractor branch; PPO on 32 environments x 20 steps, 4 epochs, entropy 0.01, Adam 5e-4,
+    clip 40; a small RMC (2 memories x 2 heads x 32) or ``--model lstm`` (128 units); one CPU
+    thread; a 20-minute limit; 200 held-out levels at each evaluation.
+    """
+    task = BoxWorldConfig(
+        grid_size=6,
+        solution_length=(1, 2),
+        num_forward=(0, 1),
+        num_backward=0,
+        observation="full",
+    )
+    return _cpu(task)
+
+
+@register_preset("boxworld", "paper")
+def boxworld_paper() -> TrainConfig:
+    """Viewport BoxWorld at the paper's difficulty with IMPALA (spec §1.7, §3).
+
+    n = 12, L in 1..5, 0..5 forward distractors, 5x5 viewport; V-trace actor-critic, unroll
+    40, batches of 32 trajectories, entropy 0.005, gamma 0.99, value weight 0.5, RMSProp 2e-4
+    (decay 0.99, epsilon 0.01), clip 40; RMC 4 x 4 x 64 with memory gating (``--model lstm``:
+    256 units); 8 collector processes; 1e9 frames = 781,250 steps.
+    """
+    task = BoxWorldConfig(
+        grid_size=12,
+        solution_length=(1, 2, 3, 4, 5),
+        num_forward=(0, 1, 2, 3, 4, 5),
+        observation="viewport",
+        algorithm="impala",
+        unroll=40,
+        gamma=0.99,
+        entropy_coeff=0.005,
+        critic_coeff=0.5,
+        collectors=8,
+        eval_episodes=1000,
+    )
+    return _paper(task, steps=781_250)
+
+
+@register_preset("minipacman", "cpu", default=True)
+def minipacman_cpu() -> TrainConfig:
+    """The default: Mini PacMan ``regular``, full observation, PPO on 32 environments x 20
+    steps (the BoxWorld ``cpu`` preset's learner and cores), 20 minutes on one CPU thread."""
+    return _cpu(MiniPacmanConfig(task="regular", observation="full", eval_episodes=100))
+
+
+@register_preset("minipacman", "paper")
+def minipacman_paper() -> TrainConfig:
+    """Mini PacMan ``regular`` with the BoxWorld paper preset's IMPALA learner and cores (the
+    paper publishes no Mini PacMan agent, spec §2.8); full observation (``--task.observation
+    viewport`` for the other setting)."""
+    task = MiniPacmanConfig(
+        task="regular",
+        observation="full",
+        algorithm="impala",
+        unroll=40,
+        gamma=0.99,
+        entropy_coeff=0.005,
+        critic_coeff=0.5,
+        collectors=8,
+        eval_episodes=1000,
+    )
+    return _paper(task, steps=781_250)

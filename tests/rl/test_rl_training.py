@@ -1,0 +1,122 @@
+"""Training RL agents on the project's trainer (``docs/rl.md`` §4): learning, exact resume,
+metrics and bad arguments, on a small stand-in game (``rl_standins``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from rl_standins import build_lstm_agent, make_reach_env, play_first_episodes
+from safetensors.torch import load_file
+
+from relmem.models import LSTMModelConfig
+from relmem.rl.config import LearnerConfig
+from relmem.rl.game_task import GameTask
+from relmem.rl.tasks import rl_trainer
+from relmem.tasks.registry import registered
+from relmem.train.checkpoint import load_train_state
+from relmem.train.config import OptimConfig, TrainConfig
+from relmem.train.loop import run
+
+
+@dataclass
+class ReachConfig(LearnerConfig):
+    """The stand-in game's options and the learner's."""
+
+    size: int = 4
+    max_steps: int = 10
+
+
+def build_reach(config: ReachConfig) -> GameTask:
+    return GameTask(
+        "reach",
+        config,
+        solvable=True,
+        make_env=make_reach_env,
+        build_agent=build_lstm_agent,
+        evaluate=play_first_episodes,
+    )
+
+
+def reach_config(tmp_path: Path, **overrides) -> TrainConfig:
+    task = ReachConfig(
+        unroll=10, gamma=0.9, epochs=4, minibatches=4, critic_coeff=0.1, eval_episodes=64
+    )
+    base = {
+        "task": task,
+        "model": "lstm",
+        "lstm": LSTMModelConfig(hidden_size=32),
+        "optim": OptimConfig(lr=1e-2, grad_clip=40.0),
+        "steps": 40,
+        "batch_size": 16,
+        "seed": 3,
+        "eval_every": 25,
+        "log_every": 5,
+        "checkpoint_every": 10,
+        "device": "cpu",
+        "cpu_threads": 1,
+        "out_dir": tmp_path,
+        "run_name": "reach",
+        "tensorboard": False,
+    }
+    return TrainConfig(**(base | overrides))
+
+
+@pytest.fixture
+def reach_task():
+    with registered("reach", ReachConfig, build_reach, trainer=rl_trainer) as entry:
+        yield entry
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_ppo_return_rises(reach_task, tmp_path: Path) -> None:
+    result = run(reach_config(tmp_path, steps=50), "reach")
+    assert result.status == "completed"
+    train = [r for r in records(result.run_dir) if "train/return" in r]
+    first, last = train[0]["train/solved"], train[-1]["train/solved"]
+    assert last > first + 0.2, (first, last)
+    evals = [r["eval/solved"] for r in records(result.run_dir) if "eval/solved" in r]
+    assert evals[-1] > 0.6, evals
+    for key in ("train/return", "train/length", "train/loss_critic", "perf/frames_per_s"):
+        assert key in train[-1]
+    assert result.summary["frames_seen"] == 50 * 16 * 10
+    assert result.summary["held_out_solved"] == evals[-1]
+
+
+def test_resume_is_exact(reach_task, tmp_path: Path) -> None:
+    # the evaluation grid holds the first run's last step (a completed run evaluates there)
+    whole = run(reach_config(tmp_path / "a", steps=20, eval_every=10), "reach")
+    part = run(reach_config(tmp_path / "b", steps=10, eval_every=10), "reach")
+    resumed_config = reach_config(tmp_path / "b", steps=20, eval_every=10, resume=part.run_dir)
+    resumed = run(resumed_config, "reach")
+    assert resumed.status == whole.status == "completed"
+    ckpt = "checkpoints/step-00000020"
+    a = load_file(whole.run_dir / ckpt / "model.safetensors")
+    b = load_file(resumed.run_dir / ckpt / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
+    sa = load_train_state(whole.run_dir / ckpt)
+    sb = load_train_state(resumed.run_dir / ckpt)
+    for x, y in zip(
+        sa["optimizer"]["state"].values(), sb["optimizer"]["state"].values(), strict=True
+    ):
+        torch.testing.assert_close(x["exp_avg"], y["exp_avg"], rtol=0, atol=0)
+    assert torch.equal(sa["task_state"]["carrier"]["lstm_h"], sb["task_state"]["carrier"]["lstm_h"])
+    wall = ("time_s", "perf/sequences_per_s", "perf/frames_per_s")
+    clean = [{k: v for k, v in r.items() if k not in wall} for r in records(whole.run_dir)]
+    again = [{k: v for k, v in r.items() if k not in wall} for r in records(resumed.run_dir)]
+    assert clean == again
+
+
+def test_rmsprop(reach_task, tmp_path: Path) -> None:
+    optim = OptimConfig(optimizer="rmsprop", lr=1e-3, alpha=0.99, eps=0.01, grad_clip=40.0)
+    result = run(reach_config(tmp_path, steps=2, optim=optim), "reach")
+    state = load_train_state(result.run_dir / "checkpoints/step-00000002")
+    assert "square_avg" in next(iter(state["optimizer"]["state"].values()))
