@@ -103,6 +103,13 @@ CASES: dict[str, Case] = {
     "time-limit-zero": Case((*TRAIN, "--time-limit-min", "0"), ("time_limit_min",), boxed=True),
     "lr-not-a-number": Case((*TRAIN, "--optim.lr", "fast"), ("--optim.lr",), boxed=True),
     "unknown-flag": Case((*TRAIN, "--no-such-flag", "1"), ("--no-such-flag",), boxed=True),
+    # train: the RL tasks' options (docs/rl.md §4)
+    "rl-unknown-preset": Case(("train", "boxworld", "--preset", "fast"), ("fast", "cpu", "paper")),
+    "rl-unknown-observation": Case(("train", "boxworld", "--task.observation", "pixels"), ("--task.observation",), boxed=True),
+    "rl-unknown-algorithm": Case(("train", "boxworld", "--task.algorithm", "sac"), ("--task.algorithm",), boxed=True),
+    "rl-unknown-pacman-task": Case(("train", "minipacman", "--task.task", "chase"), ("--task.task",), boxed=True),
+    "rl-unroll-zero": Case(("train", "boxworld", "--task.unroll", "0"), ("task.unroll",), boxed=True),
+    "rl-path-does-not-fit": Case(("train", "boxworld", "--task.grid-size", "5", "--task.solution-length", "20", "--out-dir", "{tmp}"), ("solution_length",)),
     # train --resume: the run's files
     "resume-missing": Case(("train", "nth-farthest", "--resume", "{tmp}/none"), ("{tmp}/none",)),
     "resume-not-a-run": Case(("train", "nth-farthest", "--resume", "{tmp}"), ("{tmp}",)),

@@ -120,3 +120,20 @@ def test_rmsprop(reach_task, tmp_path: Path) -> None:
     result = run(reach_config(tmp_path, steps=2, optim=optim), "reach")
     state = load_train_state(result.run_dir / "checkpoints/step-00000002")
     assert "square_avg" in next(iter(state["optimizer"]["state"].values()))
+
+
+def test_eval_and_plot_commands(reach_task, tmp_path: Path, capsys) -> None:
+    from relmem.commands import evaluate, plot
+
+    result = run(reach_config(tmp_path, steps=4, eval_every=2), "reach")
+    capsys.readouterr()
+    assert evaluate.main([str(result.run_dir), "--episodes", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "agent" in out and "random" in out and "s.e." in out
+    record = json.loads((result.run_dir / "eval.json").read_text())
+    assert record["episodes"] == 32 and 0 <= record["random"]["solved"] <= 1
+    assert {"solved", "return", "return_se", "length"} <= set(record["agent"])
+    assert plot.main([str(result.run_dir)]) == 0
+    assert (result.run_dir / "plots" / "curves.png").stat().st_size > 0
+    assert evaluate.main([str(result.run_dir), "--episodes", "0"]) == 2
+    assert "--episodes must be >= 1" in capsys.readouterr().err

@@ -6,6 +6,10 @@ and test perplexity for a language model (a task's further held-out sets, its
 ``more_held_out``, follow the held-out line). A task with a breakdown set (Learning to
 Execute: every length and nesting) is broken down on that set. A run that keeps its best
 weights (``checkpoints/best``) is evaluated there unless ``--checkpoint`` says otherwise.
+
+A run of an RL task (``boxworld``, ``minipacman``) plays ``--episodes`` held-out levels (a fixed
+seeded set, default 1000) with its agent and with a uniform random policy, and reports the
+share solved, the mean return with its standard error and the mean episode length of each.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
+import torch
 import tyro
 
 from relmem.commands.errors import describe_error
@@ -23,7 +28,7 @@ from relmem.tasks.registry import get_task
 from relmem.train.checkpoint import CheckpointError, best_checkpoint
 from relmem.train.distributed import resolve_device
 from relmem.train.evaluation import evaluate
-from relmem.train.runs import MAX_PARAMETERS, load_trained
+from relmem.train.runs import MAX_PARAMETERS, load_run_config, load_trained
 
 
 @dataclass
@@ -39,6 +44,8 @@ class EvalArgs:
         json_out: where to write the result (None: ``RUN_DIR/eval.json``).
         max_parameters: refuse to build a model larger than this (a config.json from
             elsewhere cannot make the command allocate without bound).
+        episodes: held-out episodes of an RL run (its levels are seeded by the run's
+            ``task.eval_seed``).
     """
 
     run_dir: Annotated[Path, tyro.conf.Positional]
@@ -47,6 +54,7 @@ class EvalArgs:
     test_size: int | None = None
     json_out: Path | None = None
     max_parameters: int = MAX_PARAMETERS
+    episodes: int = 1000
 
 
 def main(argv: list[str]) -> int:
@@ -56,6 +64,8 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:  # tyro has printed help or a boxed error message
         return int(exc.code or 0)
     try:
+        if get_task(load_run_config(args.run_dir)[0]).trainer is not None:
+            return _evaluate_rl(args)
         device = resolve_device(args.device)
         checkpoint = args.checkpoint or best_checkpoint(args.run_dir)
         config, task_name, task, model, ckpt = load_trained(
@@ -102,6 +112,48 @@ def main(argv: list[str]) -> int:
         **result,
         **({} if breakdown is None else {"breakdown": breakdown}),
         **({"more_held_out": more} if more else {}),
+    }
+    try:
+        out.write_text(json.dumps(record, indent=2) + "\n")
+    except OSError as exc:
+        return _error(f"--json-out {out}: {exc.strerror or exc}")
+    print(f"written {out}")
+    return 0
+
+
+def _evaluate_rl(args: EvalArgs) -> int:
+    """``relmem eval`` of an RL run: the agent and a uniform random policy on the same
+    held-out levels."""
+    from relmem.rl.runs import load_agent
+
+    if args.episodes < 1:
+        raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
+    device = resolve_device(args.device)
+    config, task_name, task, agent, ckpt = load_agent(
+        args.run_dir, args.checkpoint, device, args.max_parameters
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.task.eval_seed)
+        results = {"agent": task.evaluate(agent, args.episodes)}
+        results["random"] = task.evaluate(None, args.episodes)
+    step = json.loads((ckpt / "meta.json").read_text())["step"]
+    print(f"{task_name} / {config.model}, checkpoint {ckpt} (step {step})")
+    print(f"{args.episodes} held-out episodes (levels seeded by {config.task.eval_seed}):")
+    for who, r in results.items():
+        solved = f"solved {100 * r['solved']:5.1f}%, " if "solved" in r else ""
+        print(
+            f"  {who:7s} {solved}return {r['return']:.3f} +- {r['return_se']:.3f} (s.e.), "
+            f"length {r['length']:.1f}"
+        )
+    out = args.json_out or Path(args.run_dir) / "eval.json"
+    record = {
+        "task": task_name,
+        "model": config.model,
+        "checkpoint": str(ckpt),
+        "step": step,
+        "episodes": args.episodes,
+        "eval_seed": config.task.eval_seed,
+        **results,
     }
     try:
         out.write_text(json.dumps(record, indent=2) + "\n")

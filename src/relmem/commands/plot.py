@@ -7,6 +7,9 @@
   Nth Farthest; skipped for other cores and heads): for one held-out sequence, one heatmap per head
   (columns) and time step (rows) of the first block's attention weights: query rows are the
   N memory slots and the input row, key columns the same N + 1 rows (paper section 5.1, Fig. 3).
+- A run of an RL task (``boxworld``, ``minipacman``): ``curves.png`` holds the episode return
+  and the share of levels solved (Mini PacMan: the episode length) of the training episodes and
+  of the held-out evaluations (``relmem play`` draws the agent's episodes).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from relmem.tasks.base import ACCURACY, MetricSpec, Task
 from relmem.train.checkpoint import CheckpointError
 from relmem.train.config import TrainConfig
 from relmem.train.metrics import MetricsFileError, read_metrics
-from relmem.train.runs import MAX_PARAMETERS, load_trained
+from relmem.tasks.registry import get_task
+from relmem.train.runs import MAX_PARAMETERS, load_run_config, load_trained
 
 
 @dataclass
@@ -169,6 +173,9 @@ def main(argv: list[str]) -> int:
     try:
         if args.examples < 0:
             raise ValueError(f"--examples must be >= 0, got {args.examples}")
+        task_name, config = load_run_config(args.run_dir)
+        if get_task(task_name).trainer is not None:
+            return _plot_rl(args, out, task_name, config)
         config, task_name, task, model, ckpt = load_trained(
             args.run_dir, args.checkpoint, max_parameters=args.max_parameters
         )
@@ -194,6 +201,23 @@ def main(argv: list[str]) -> int:
     if curves_error is not None:
         return _error(f"no learning curves: {curves_error}")
     return code
+
+
+def _plot_rl(args: PlotArgs, out: Path, task_name: str, config: TrainConfig) -> int:
+    """The return and solve-rate curves of an RL run."""
+    from relmem.rl.runs import plot_curves as plot_rl_curves
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        records = read_metrics(Path(args.run_dir) / "metrics.jsonl")
+    except (OSError, MetricsFileError) as exc:
+        return _error(describe_error(exc, "--checkpoint"))
+    curves = out / "curves.png"
+    title = f"{task_name} / {config.model} ({args.run_dir})"
+    solvable = any("train/solved" in r or "eval/solved" in r for r in records)
+    plot_rl_curves(records, curves, title, solvable)
+    print(f"written {curves}")
+    return 0
 
 
 def _error(message: str) -> int:

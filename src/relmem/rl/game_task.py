@@ -144,10 +144,6 @@ class GameTask:
     ) -> None:
         if make_env is None:
             from relmem.rl.envs.torchrl_env import make_env
-        if build_agent is None:
-            from relmem.rl.agent import build_agent
-        if evaluate is None:
-            from relmem.rl.evaluation import evaluate_policy as evaluate
         self.game, self.config, self.solvable = game, config, solvable
         self.make_env, self.build_agent, self.play = make_env, build_agent, evaluate
         self.options = config.game_options()
@@ -163,6 +159,10 @@ class GameTask:
 
     def agent(self, model: str, core_config: Any) -> nn.Module:
         """A new agent with ``model``'s core (``rmc``, ``lstm``, ``convlstm``)."""
+        if self.build_agent is None:
+            from relmem.rl.agent import build_agent
+
+            self.build_agent = build_agent
         return self.build_agent(self.observation_shape, self.num_actions, model, core_config)
 
     def env_factory(self, agent: nn.Module, batch_size: int, seed: int) -> Callable[[], EnvBase]:
@@ -223,6 +223,10 @@ class GameTask:
 
     def evaluate(self, agent: nn.Module | None, episodes: int | None = None) -> dict[str, float]:
         """Play the held-out levels with ``agent``'s policy (None: a uniform random policy)."""
+        if self.play is None:
+            from relmem.rl.evaluation import evaluate_policy
+
+            self.play = evaluate_policy
         return self.play(
             agent,
             functools.partial(self.make_env, self.game, **self.options),

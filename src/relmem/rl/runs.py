@@ -1,0 +1,103 @@
+"""A trained RL run read back: its task, its agent with a checkpoint's weights, its curves.
+
+``relmem eval``, ``plot`` and ``play`` call these for a run of an RL task (one whose registry
+entry names its own trainer) instead of the supervised model loader.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from relmem.models import count_parameters
+from relmem.tasks.registry import get_task
+from relmem.train import checkpoint as ckpt_io
+from relmem.train.config import TrainConfig
+from relmem.train.runs import MAX_PARAMETERS, load_run_config
+
+
+def is_rl_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is a run of an RL task (its ``config.json`` names one whose
+    registry entry has its own trainer).
+
+    Raises:
+        FileNotFoundError / ValueError / TypeError: as :func:`~relmem.train.runs.
+        load_run_config`.
+    """
+    task_name, _ = load_run_config(run_dir)
+    return get_task(task_name).trainer is not None
+
+
+def load_agent(
+    run_dir: Path,
+    checkpoint: Path | None = None,
+    device: torch.device | str = "cpu",
+    max_parameters: int = MAX_PARAMETERS,
+) -> tuple[TrainConfig, str, Any, nn.Module, Path]:
+    """Rebuild an RL run's task and agent and load a checkpoint's weights.
+
+    Args:
+        run_dir: the run directory.
+        checkpoint: a checkpoint directory; None: the run's latest (or the newest intact one,
+            named on stderr).
+        device: where to put the agent.
+        max_parameters: refuse a larger agent.
+
+    Returns:
+        ``(config, task_name, task, agent in eval mode, checkpoint directory)``.
+    """
+    task_name, config = load_run_config(run_dir)
+    task = get_task(task_name).build(config.task)
+    with torch.device("meta"):
+        count = count_parameters(task.agent(config.model, config.model_config()))
+    if count > max_parameters:
+        raise ValueError(
+            f"model {config.model!r} as configured has {count:,} parameters, more than "
+            f"--max-parameters {max_parameters:,}; pass a larger --max-parameters to build it"
+        )
+    if checkpoint is None:
+        ckpt, note = ckpt_io.newest_intact(run_dir)
+        if note:
+            print(f"relmem: warning: {note}", file=sys.stderr)
+    else:
+        ckpt = ckpt_io.resolve_checkpoint(checkpoint)
+    agent = task.agent(config.model, config.model_config()).to(device)
+    ckpt_io.load_weights(ckpt, agent, device, verified=checkpoint is None)
+    return config, task_name, task, agent.eval(), ckpt
+
+
+def plot_curves(records: list[dict[str, Any]], path: Path, title: str, solvable: bool) -> None:
+    """Episode return (and, for a solvable game, the share of levels solved) of the training
+    episodes and of the held-out evaluations, against steps (top) and minutes (bottom)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = ["return", "solved"] if solvable else ["return", "length"]
+    labels = {"return": "episode return", "solved": "levels solved", "length": "episode length"}
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True, squeeze=False)
+    for row, xkey, xlabel, scale in ((0, "step", "step", 1.0), (1, "time_s", "minutes", 60.0)):
+        for col, name in enumerate(names):
+            ax = axes[row][col]
+            for prefix, label in (("train", "training episodes"), ("eval", "held-out levels")):
+                key = f"{prefix}/{name}"
+                points = [
+                    (r[xkey] / scale, r[key])
+                    for r in records
+                    if r.get(key) is not None and r.get(xkey) is not None
+                ]
+                if points:
+                    xs, ys = zip(*points, strict=True)
+                    ax.plot(xs, ys, label=label, marker="o" if prefix == "eval" else None)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(labels[name])
+            ax.grid(alpha=0.3)
+            ax.legend()
+    fig.suptitle(title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
