@@ -26,10 +26,10 @@ from relmem.commands.errors import describe_error
 from relmem.cores.rmc import RelationalMemory
 from relmem.models import SequenceModel
 from relmem.tasks.base import ACCURACY, MetricSpec, Task
+from relmem.tasks.registry import get_task
 from relmem.train.checkpoint import CheckpointError
 from relmem.train.config import TrainConfig
 from relmem.train.metrics import MetricsFileError, read_metrics
-from relmem.tasks.registry import get_task
 from relmem.train.runs import MAX_PARAMETERS, load_run_config, load_trained
 
 
