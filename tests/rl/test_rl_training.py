@@ -137,3 +137,16 @@ def test_eval_and_plot_commands(reach_task, tmp_path: Path, capsys) -> None:
     assert (result.run_dir / "plots" / "curves.png").stat().st_size > 0
     assert evaluate.main([str(result.run_dir), "--episodes", "0"]) == 2
     assert "--episodes must be >= 1" in capsys.readouterr().err
+
+
+def test_impala_with_collector_processes(reach_task, tmp_path: Path) -> None:
+    config = reach_config(tmp_path, steps=3, eval_every=3, log_every=1)
+    config.task = ReachConfig(algorithm="impala", unroll=10, collectors=2, eval_episodes=16)
+    config.optim = OptimConfig(optimizer="rmsprop", lr=1e-3, eps=0.01, grad_clip=40.0)
+    result = run(config, "reach")
+    assert result.status == "completed" and result.summary["steps"] == 3
+    train = [r for r in records(result.run_dir) if "train/loss_critic" in r]
+    assert len(train) == 3 and all(r["perf/frames_per_s"] > 0 for r in train)
+    # asynchronous collection is not replayable: nothing of it is saved
+    state = load_train_state(result.run_dir / "checkpoints/step-00000003")
+    assert state["task_state"] == {}

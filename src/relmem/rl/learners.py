@@ -103,6 +103,9 @@ class VTraceUpdate:
             rho_thresh=1.0,
             c_thresh=1.0,
         )
+        # VTrace's constructor has no deactivate_vmap argument; the value estimators' base
+        # class reads this attribute (a recurrent core's per-trajectory reset cannot be vmapped)
+        self.advantage.deactivate_vmap = True
 
     def __call__(self, batch: TensorDictBase, apply: Apply) -> dict[str, float]:
         """One update on ``batch [B, T]``; its loss terms."""
