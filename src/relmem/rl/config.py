@@ -21,6 +21,7 @@ from typing import Any, Literal
 from relmem.validation import check_at_least, check_choice, check_positive
 
 ALGORITHMS = ("ppo", "impala")
+BACKENDS = ("process", "ray", "distributed", "submitit")
 
 
 @dataclass
@@ -44,6 +45,9 @@ class LearnerConfig:
         normalize_advantage: PPO's per-minibatch advantage normalisation.
         collectors: IMPALA's collector processes, each stepping ``batch_size`` environments;
             every training step takes the batch of whichever process finished first.
+        backend: where IMPALA's collectors run, TorchRL's collector backend: 'process' (this
+            host), 'ray' (a Ray cluster's nodes), 'distributed' (torch.distributed workers
+            TorchRL launches) or 'submitit' (the same on a SLURM cluster); ``docs/rl.md`` §4.6.
         eval_episodes: held-out episodes played at each evaluation (a fixed seeded set of
             levels, the same at every evaluation; ``relmem eval`` plays 1000 by default).
         eval_seed: the seed of the held-out levels (disjoint from training: the training
@@ -61,12 +65,14 @@ class LearnerConfig:
     minibatches: int = 1
     normalize_advantage: bool = False
     collectors: int = 2
+    backend: Literal["process", "ray", "distributed", "submitit"] = "process"
     eval_episodes: int = 200
     eval_seed: int = 20_000_000
 
     def check_learner(self) -> None:
         """Validate the learner's settings (each error names ``task.<option>``)."""
         check_choice("task.algorithm", self.algorithm, ALGORITHMS)
+        check_choice("task.backend", self.backend, BACKENDS)
         check_at_least("task.", self, unroll=1, epochs=1, minibatches=1, collectors=1)
         check_at_least("task.", self, eval_episodes=1, eval_seed=0)
         check_at_least("task.", self, entropy_coeff=0.0, critic_coeff=0.0)

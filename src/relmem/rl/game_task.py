@@ -11,7 +11,8 @@ model saves its place in the corpus.
   with TorchRL's ``RewardSum`` and ``StepCounter`` appended (the episode's return and length,
   read at its last step) and the agent's ``TensorDictPrimer`` (its recurrent state).
 - **Collection**: PPO uses one ``torchrl.collectors.Collector`` in this process (exactly
-  resumable); IMPALA ``Collector(..., backend="process", num_collectors=k, sync=False)``.
+  resumable); IMPALA ``Collector(..., backend=..., num_collectors=k, sync=False)`` (one host's
+  processes, or a Ray / torch.distributed cluster's workers).
 - **Exact resume** (PPO): the environments' batched cores (``BatchedEnv.state_dict``: boards,
   counters, one numpy generator per instance; numpy arrays stored as tensors) and the
   collector's carried TensorDict (the last observation, ``is_init``, the running return and
@@ -195,7 +196,7 @@ class GameTask:
             self.collector = Collector(
                 factories,
                 agent.policy,
-                backend="process",
+                backend=c.backend,
                 num_collectors=c.collectors,
                 sync=False,
                 frames_per_batch=frames,
