@@ -29,6 +29,7 @@ TINY_MODELS = {  # small settings of the registered models (others: their defaul
     "rmc": {"mem_slots": 2, "head_size": 4, "num_heads": 2},
     "lstm": {"hidden_size": 8},
     "dnc": {"hidden_size": 8, "memory_size": 4, "word_size": 4},
+    "convlstm": {"channels": 4},
 }
 
 CORES: dict[str, Callable[[], nn.Module]] = {

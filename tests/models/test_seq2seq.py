@@ -22,6 +22,7 @@ TINY = {
     "rmc": {"mem_slots": 2, "head_size": 4, "num_heads": 2, "gate_style": "memory"},
     "lstm": {"hidden_size": 8, "num_layers": 2},
     "dnc": {"hidden_size": 8, "memory_size": 4, "word_size": 4, "num_read_heads": 2},
+    "convlstm": {"channels": 4},
 }
 PAD, VOCAB, T_IN, T_OUT = 0, 7, 6, 3
 

@@ -416,8 +416,9 @@ def check_random_row(options, within_60, within_120, distractor, episodes):
         assert within_3_se(wrong, distractor)
 
 
-def test_random_policy_small_grid():
-    check_random_row(*RANDOM_TABLE[0], episodes=1000)
+@pytest.mark.parametrize(("row", "episodes"), [(0, 1000), (3, 3000)])
+def test_random_policy(row, episodes):
+    check_random_row(*RANDOM_TABLE[row], episodes=episodes)
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from relmem.cores.rmc import RelationalMemory
+from relmem.cores.rmc import RelationalMemory, RMCConfig
 from relmem.models.registry import register_model
 from relmem.validation import check_at_least, check_choice
 
@@ -53,10 +53,10 @@ class RMCModelConfig:
         check_choice("rmc.gate_style", self.gate_style, ("unit", "memory", "none"))
 
 
-@register_model("rmc", RMCModelConfig)
-def build_rmc(config: RMCModelConfig, input_size: int, readout_size: None) -> RelationalMemory:
-    """A batch-first :class:`RelationalMemory`: ``[B, T, F] -> [B, T, N·M]``."""
-    return RelationalMemory(
+def rmc_config(config: RMCModelConfig, input_size: int, input_rows: int | None = None) -> RMCConfig:
+    """The core's :class:`RMCConfig` for ``config`` over ``input_size`` features (per row, with
+    ``input_rows`` rows per step in matrix mode; the RL agent's one row per cell)."""
+    return RMCConfig(
         input_size,
         config.mem_slots,
         config.head_size,
@@ -67,5 +67,11 @@ def build_rmc(config: RMCModelConfig, input_size: int, readout_size: None) -> Re
         gate_style=None if config.gate_style == "none" else config.gate_style,
         attention_mlp_layers=config.attention_mlp_layers,
         key_size=config.key_size,
-        batch_first=True,
+        input_rows=input_rows,
     )
+
+
+@register_model("rmc", RMCModelConfig)
+def build_rmc(config: RMCModelConfig, input_size: int, readout_size: None) -> RelationalMemory:
+    """A batch-first :class:`RelationalMemory`: ``[B, T, F] -> [B, T, N·M]``."""
+    return RelationalMemory.from_config(rmc_config(config, input_size), batch_first=True)

@@ -23,3 +23,15 @@ _GYM_IDS = {
 for _id, _entry_point in _GYM_IDS.items():
     if _id not in gym.registry:
         gym.register(id=_id, entry_point=_entry_point)
+
+__all__ = ["ConvLSTMModule", "RMCModule"]
+
+
+def __getattr__(name: str) -> object:
+    """``RMCModule`` and ``ConvLSTMModule`` (:mod:`relmem.rl.modules`), imported on first use
+    so that registering the Gymnasium ids does not import TorchRL."""
+    if name in __all__:
+        from relmem.rl import modules
+
+        return getattr(modules, name)
+    raise AttributeError(f"module 'relmem.rl' has no attribute {name!r}")

@@ -256,9 +256,10 @@ class BoxWorld(BatchedEnv):
 
     def _sample_problem(self, rng: np.random.Generator) -> tuple[int, int, int, list]:
         """§1.3 steps 1-2: L, f, k and the ``(lock_id, content_id)`` list."""
-        L = int(rng.choice(self.solution_length))
-        f = int(rng.choice(self.num_forward))
-        k = int(rng.choice(self.num_backward))
+        L, f, k = (
+            values[int(rng.integers(len(values)))]
+            for values in (self.solution_length, self.num_forward, self.num_backward)
+        )
         pairs = [(i, i + 1) for i in range(L)] + [(L, -1)]
         for _ in range(f):
             lock = int(rng.integers(1, L + 1))

@@ -1,0 +1,205 @@
+"""The actor–critic agent of the paper's RL experiments (``docs/rl.md`` §3).
+
+``observation -> CellEncoder -> recurrent core -> Linear 256 -> ReLU -> {logits, value}``:
+
+- the encoder (:class:`~relmem.rl.modules.CellEncoder`) turns ``uint8 [*B, H, W, C]`` into one
+  row of 26 features per cell;
+- the core is any registered model (``--model``): the RMC reads the rows as a matrix
+  (``input_rows = H·W``, one input row per cell); the ConvLSTM reads them as its
+  ``[H, W, 26]`` map (the agent sets ``convlstm.height`` / ``width`` to the grid); every other
+  core (the LSTM, the DNC) reads them concatenated, ``[*B, H·W·26]``. Its state lives in the
+  TensorDict under :attr:`Agent.state_keys` and is reset on ``is_init``
+  (:class:`~relmem.rl.modules.RecurrentCoreModule`);
+- the heads share one hidden layer: flatten the core output -> Linear ``hidden_size`` -> ReLU,
+  then a linear map to the policy's logits and one to the value.
+
+:func:`build_agent` returns an :class:`Agent` whose ``policy`` is a TorchRL
+``ProbabilisticActor`` (a categorical distribution over the logits) and ``value`` a module
+writing ``state_value``; both share the encoder, the core and the hidden layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from tensordict.nn import TensorDictModule, TensorDictSequential
+from torch import nn
+from torchrl.data import Categorical
+from torchrl.envs import TensorDictPrimer
+from torchrl.modules import ProbabilisticActor
+
+from relmem.models import get_model, list_models
+from relmem.models.convlstm import ConvLSTMModelConfig
+from relmem.models.rmc import RMCModelConfig, rmc_config
+from relmem.rl import keys
+from relmem.rl.modules import CellEncoder, RecurrentCoreModule, RMCModule
+from relmem.validation import check_at_least, check_choice
+
+__all__ = ["Agent", "AgentConfig", "build_agent"]
+
+EMBEDDING = "embedding"  # the encoder's output, the core's input
+CORE_OUTPUT = "core_output"  # the core's output [*B, O]
+HIDDEN = "hidden"  # the shared hidden layer [*B, hidden_size]
+
+
+@dataclass
+class AgentConfig:
+    """The agent's parts around the core (``docs/rl.md`` §3; library defaults).
+
+    Attributes:
+        conv_channels: the encoder's two convolutions (paper 12, 24).
+        kernel_size: their square kernel (paper 2).
+        hidden_size: the heads' shared hidden layer (256).
+    """
+
+    conv_channels: tuple[int, ...] = (12, 24)
+    kernel_size: int = 2
+    hidden_size: int = 256
+
+    def __post_init__(self) -> None:
+        self.conv_channels = tuple(self.conv_channels)
+        if not self.conv_channels or any(
+            isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in self.conv_channels
+        ):
+            raise ValueError(
+                f"agent.conv_channels must be one or more integers >= 1, got {self.conv_channels}"
+            )
+        check_at_least("agent.", self, kernel_size=1, hidden_size=1)
+
+
+class Agent(nn.Module):
+    """The encoder, the recurrent core and the heads (build it with :func:`build_agent`).
+
+    Attributes:
+        policy: ``ProbabilisticActor``: reads ``observation``, ``is_init`` and the state keys;
+            writes ``logits [*B, A]``, ``action int64 [*B]``, ``action_log_prob [*B]`` and
+            ``("next", state key)``.
+        value: reads the same entries; writes ``state_value [*B, 1]`` (and the next state).
+        state_keys: the recurrent state's entries (RMC: ``memory``; LSTM and ConvLSTM: ``h``,
+            ``c``).
+        core: the :class:`~relmem.rl.modules.RecurrentCoreModule`.
+
+    ``policy`` and ``value`` are views over the registered parts (``encoder``, ``core``,
+    ``trunk``, ``policy_head``, ``value_head``), so ``state_dict`` holds every parameter once.
+    """
+
+    def __init__(
+        self,
+        encoder: TensorDictModule,
+        core: RecurrentCoreModule,
+        trunk: TensorDictModule,
+        policy_head: TensorDictModule,
+        value_head: TensorDictModule,
+        num_actions: int,
+    ) -> None:
+        super().__init__()
+        self.encoder, self.core, self.trunk = encoder, core, trunk
+        self.policy_head, self.value_head = policy_head, value_head
+        policy = ProbabilisticActor(
+            TensorDictSequential(encoder, core, trunk, policy_head),
+            in_keys=[keys.LOGITS],
+            out_keys=[keys.ACTION],
+            spec=Categorical(num_actions),
+            distribution_class=torch.distributions.Categorical,
+            return_log_prob=True,
+            log_prob_key=keys.ACTION_LOG_PROB,
+        )
+        value = TensorDictSequential(encoder, core, trunk, value_head)
+        # Not submodules: their parameters are the parts' (one copy in state_dict).
+        self.__dict__["policy"] = policy
+        self.__dict__["value"] = value
+
+    @property
+    def state_keys(self) -> list[str]:
+        return list(self.core.state_keys)
+
+    def make_tensordict_primer(self) -> TensorDictPrimer:
+        """The environment transform declaring the recurrent state (append it after
+        ``InitTracker``; :func:`relmem.rl.envs.torchrl_env.make_env` takes it as
+        ``primers=[...]``)."""
+        return self.core.make_tensordict_primer()
+
+
+def _build_core(
+    model: str, core_config: object, grid: tuple[int, int], features: int
+) -> tuple[RecurrentCoreModule, bool]:
+    """The core module for ``model`` over an ``H×W`` grid of ``features`` per cell, and
+    whether it reads rows (``[*B, H·W, F]``) rather than their concatenation."""
+    entry = get_model(model)
+    if not isinstance(core_config, entry.config_cls):
+        raise TypeError(
+            f"build_agent: model {model!r} takes a {entry.config_cls.__name__}, got "
+            f"{type(core_config).__name__}"
+        )
+    cells = grid[0] * grid[1]
+    if isinstance(core_config, RMCModelConfig):
+        config = rmc_config(core_config, features, input_rows=cells)
+        return RMCModule(config, input_key=EMBEDDING, output_key=CORE_OUTPUT), True
+    if isinstance(core_config, ConvLSTMModelConfig):
+        default = ConvLSTMModelConfig()
+        given = (core_config.height, core_config.width)
+        if given not in ((default.height, default.width), grid):
+            raise ValueError(
+                f"build_agent: convlstm.height and convlstm.width are the observation's grid "
+                f"{grid}; leave them at their defaults, got {given}"
+            )
+        core_config = dataclasses.replace(core_config, height=grid[0], width=grid[1])
+    core = entry.build(core_config, cells * features, None)
+    state_keys = ["h", "c"] if model == "lstm" else None
+    module = RecurrentCoreModule(
+        core, input_key=EMBEDDING, output_key=CORE_OUTPUT, state_keys=state_keys
+    )
+    return module, False
+
+
+def build_agent(
+    observation_shape: tuple[int, int, int],
+    num_actions: int,
+    model: str,
+    core_config: object,
+    agent_config: AgentConfig | None = None,
+) -> Agent:
+    """The agent for observations ``uint8 [H, W, C]`` and ``num_actions`` actions.
+
+    Args:
+        observation_shape: ``(H, W, C)`` (``BatchedEnv.observation_shape``).
+        num_actions: the action count.
+        model: a registered core (``list_models()``: ``'rmc'``, ``'lstm'``, ``'convlstm'``,
+            ...).
+        core_config: that core's config (``TrainConfig.rmc``, ``.lstm``, ``.convlstm``).
+        agent_config: the encoder and heads (None: :class:`AgentConfig`'s defaults).
+
+    Raises:
+        ValueError: an unknown ``model`` (the message lists the registered ones) or a bad
+            shape; TypeError: a config of another model.
+    """
+    check_choice("model", model, tuple(list_models()), owner="build_agent")
+    if len(observation_shape) != 3 or any(
+        isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in observation_shape
+    ):
+        raise ValueError(
+            f"build_agent: observation_shape must be (H, W, C) of integers >= 1, got "
+            f"{observation_shape!r}"
+        )
+    if isinstance(num_actions, bool) or not isinstance(num_actions, int) or num_actions < 2:
+        raise ValueError(f"build_agent: num_actions must be an integer >= 2, got {num_actions!r}")
+    config = agent_config or AgentConfig()
+    height, width, channels = observation_shape
+    core, rows = _build_core(model, core_config, (height, width), config.conv_channels[-1] + 2)
+    cell_encoder = CellEncoder(channels, config.conv_channels, config.kernel_size, flatten=not rows)
+    encoder = TensorDictModule(cell_encoder, in_keys=[keys.OBSERVATION], out_keys=[EMBEDDING])
+    core_size = core.core.output_size
+    trunk = TensorDictModule(
+        nn.Sequential(nn.Linear(core_size, config.hidden_size), nn.ReLU()),
+        in_keys=[CORE_OUTPUT],
+        out_keys=[HIDDEN],
+    )
+    policy_head = TensorDictModule(
+        nn.Linear(config.hidden_size, num_actions), in_keys=[HIDDEN], out_keys=[keys.LOGITS]
+    )
+    value_head = TensorDictModule(
+        nn.Linear(config.hidden_size, 1), in_keys=[HIDDEN], out_keys=[keys.STATE_VALUE]
+    )
+    return Agent(encoder, core, trunk, policy_head, value_head, num_actions)
