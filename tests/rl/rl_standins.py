@@ -13,6 +13,7 @@ the size of the real games and agents.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from torch import nn
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase, InitTracker, RewardSum, StepCounter, TransformedEnv
 from torchrl.modules import LSTMModule, ProbabilisticActor
+from torchrl.modules.utils import get_primers_from_module
 
 from relmem.rl import keys
 from relmem.rl.envs.base import BatchedEnv, StepResult
@@ -209,28 +211,28 @@ def build_lstm_agent(
     return LSTMAgent(observation_shape, num_actions, core_config.hidden_size)
 
 
-def play_first_episodes(agent: Any, make: Any, episodes: int, seed: int) -> dict[str, float]:
-    """``relmem.rl.evaluation``'s interface: the first episode of each of ``episodes``
-    environments seeded by ``seed``, with ``agent``'s policy (None: uniform random)."""
-    env = make(batch_size=episodes, seed=seed)
+def play_first_episodes(
+    game: str, policy: Any, *, episodes: int, seed: int, **options: Any
+) -> SimpleNamespace:
+    """``relmem.rl.evaluation.evaluate``'s interface: the first episode of each of
+    ``episodes`` environments seeded by ``seed``, with ``policy`` (None: uniform random)."""
+    env = make_reach_env(game, episodes, seed, **options)
     env.append_transform(RewardSum())
     env.append_transform(StepCounter())
-    if agent is not None:
-        env.append_transform(agent.make_tensordict_primer())
-    limit = env.base_env.core.max_steps
+    if policy is not None:
+        env.append_transform(get_primers_from_module(policy, warn=False))
     with torch.no_grad():
-        data = env.rollout(
-            limit, None if agent is None else agent.policy, break_when_any_done=False
-        )
+        data = env.rollout(env.base_env.core.max_steps, policy, break_when_any_done=False)
     done = data["next", keys.DONE].squeeze(-1)  # [E, T]
     first = done.int().argmax(dim=1)
     rows = torch.arange(episodes)
     returns = data["next", "episode_reward"].squeeze(-1)[rows, first].double()
     lengths = data["next", "step_count"].squeeze(-1)[rows, first].double()
     solved = data["next", keys.TERMINATED].squeeze(-1)[rows, first].double()
-    return {
-        "solved": float(solved.mean()),
-        "return": float(returns.mean()),
-        "return_se": float(returns.std() / episodes**0.5),
-        "length": float(lengths.mean()),
-    }
+    return SimpleNamespace(
+        mean_return=float(returns.mean()),
+        return_stderr=float(returns.std() / episodes**0.5),
+        mean_length=float(lengths.mean()),
+        solve_rate=float(solved.mean()),
+        solve_stderr=float(solved.std() / episodes**0.5),
+    )

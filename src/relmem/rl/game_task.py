@@ -121,8 +121,8 @@ class GameTask:
         make_env: the environment factory (default
             :func:`relmem.rl.envs.torchrl_env.make_env`).
         build_agent: the agent factory (default :func:`relmem.rl.agent.build_agent`).
-        evaluate: plays held-out episodes (default
-            :func:`relmem.rl.evaluation.evaluate_policy`).
+        evaluate: plays held-out episodes, ``evaluate(game, policy, *, episodes, seed,
+            **options)`` (default :func:`relmem.rl.evaluation.evaluate`).
 
     Raises:
         ValueError / TypeError: a game option the game refuses (its message names it).
@@ -141,7 +141,7 @@ class GameTask:
         solvable: bool,
         make_env: EnvFactory | None = None,
         build_agent: AgentFactory | None = None,
-        evaluate: Callable[..., dict[str, float]] | None = None,
+        evaluate: Callable[..., Any] | None = None,
     ) -> None:
         if make_env is None:
             from relmem.rl.envs.torchrl_env import make_env
@@ -223,17 +223,27 @@ class GameTask:
         return HeldOutLevels(self.config.eval_seed, self.config.eval_episodes)
 
     def evaluate(self, agent: nn.Module | None, episodes: int | None = None) -> dict[str, float]:
-        """Play the held-out levels with ``agent``'s policy (None: a uniform random policy)."""
+        """Play the held-out levels with ``agent``'s policy (None: a uniform random policy):
+        ``solved`` and ``solved_se`` (a solvable game), ``return``, ``return_se``, ``length``."""
         if self.play is None:
-            from relmem.rl.evaluation import evaluate_policy
+            from relmem.rl.evaluation import evaluate
 
-            self.play = evaluate_policy
-        return self.play(
-            agent,
-            functools.partial(self.make_env, self.game, **self.options),
-            episodes or self.config.eval_episodes,
-            self.config.eval_seed,
+            self.play = evaluate
+        result = self.play(
+            self.game,
+            None if agent is None else agent.policy,
+            episodes=episodes or self.config.eval_episodes,
+            seed=self.config.eval_seed,
+            **self.options,
         )
+        figures = {
+            "return": result.mean_return,
+            "return_se": result.return_stderr,
+            "length": result.mean_length,
+        }
+        if self.solvable:
+            figures |= {"solved": result.solve_rate, "solved_se": result.solve_stderr}
+        return figures
 
     def after_evaluation(self, metrics: dict[str, float]) -> dict[str, float]:
         return {}

@@ -65,12 +65,13 @@ def _paper(task: Any, steps: int) -> TrainConfig:
 
 
 def _cpu(task: Any) -> TrainConfig:
+    task.epochs, task.minibatches = 2, 2
     return TrainConfig(
         task=task,
         model="rmc",
         rmc=RMCModelConfig(mem_slots=2, head_size=32, num_heads=2, gate_style="memory"),
         lstm=LSTMModelConfig(hidden_size=128),
-        optim=OptimConfig(lr=5e-4, grad_clip=40.0),
+        optim=OptimConfig(lr=1e-3, grad_clip=40.0),
         steps=100_000,
         batch_size=32,
         time_limit_min=20.0,
@@ -87,9 +88,9 @@ def boxworld_cpu() -> TrainConfig:
     """The default: small full-observation levels that a 2-core CPU learns in 20 minutes.
 
     ``grid_size=6``, one or two boxes on the path (``solution_length=(1, 2)``), zero or one
-    distractor branch; PPO on 32 environments x 20 steps, 4 epochs, entropy 0.01, Adam 5e-4,
-    clip 40; a small RMC (2 memories x 2 heads x 32) or ``--model lstm`` (128 units); one CPU
-    thread; a 20-minute limit; 200 held-out levels at each evaluation.
+    distractor branch; PPO on 32 environments x 20 steps, 2 epochs of 2 minibatches, entropy
+    0.01, Adam 1e-3, clip 40; a small RMC (2 memories x 2 heads x 32) or ``--model lstm``
+    (128 units); one CPU thread; a 20-minute limit; 200 held-out levels at each evaluation.
     """
     task = BoxWorldConfig(
         grid_size=6,
