@@ -1,0 +1,157 @@
+"""Play a fixed set of held-out episodes with a policy, or a uniform random policy.
+
+Episode ``i`` of an evaluation with seed ``s`` is played on its own instance, whose generator is
+the ``i``-th child of ``numpy.random.SeedSequence([HELD_OUT_TAG, s])``: its level depends on
+``(s, i)`` alone, not on the batch size, the policy or the other episodes, so a trained agent
+and the random policy meet exactly the same levels. Training environments are seeded with a
+plain integer (``SeedSequence(seed)``), whose streams differ from these.
+
+Episodes are batched: ``batch_size`` instances are stepped together until each has finished
+its one episode (an instance that finished early is restarted on a level that is not counted,
+because the batched core may not be stepped after an end).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict.nn import TensorDictModuleBase
+from torchrl.envs import ExplorationType, InitTracker, TransformedEnv, set_exploration_type
+from torchrl.modules.utils import get_primers_from_module
+
+from relmem.rl import keys
+from relmem.rl.envs.base import BatchedEnv
+from relmem.rl.envs.torchrl_env import TorchRLBatchedEnv, game_class
+from relmem.validation import check_bool, check_int
+
+__all__ = ["HELD_OUT_TAG", "Evaluation", "evaluate", "held_out_generators"]
+
+#: Mixed into every held-out seed, so held-out levels never share a stream with training's.
+HELD_OUT_TAG = 0x4E1D_0D7
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The figures of an evaluation.
+
+    Attributes:
+        episodes: how many episodes were played.
+        mean_return, return_stderr: the mean undiscounted return and its standard error
+            (sample standard deviation / sqrt(episodes)).
+        mean_length: the mean episode length in steps.
+        solve_rate, solve_stderr: the fraction of episodes whose core reports ``solved`` at the
+            end (BoxWorld: the gem collected) and its standard error; None for games without
+            that counter.
+    """
+
+    episodes: int
+    mean_return: float
+    return_stderr: float
+    mean_length: float
+    solve_rate: float | None
+    solve_stderr: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def held_out_generators(seed: int, start: int, count: int) -> list[np.random.Generator]:
+    """The generators of held-out episodes ``start .. start + count - 1`` of ``seed``."""
+    children = np.random.SeedSequence([HELD_OUT_TAG, seed]).spawn(start + count)[start:]
+    return [np.random.Generator(np.random.PCG64(child)) for child in children]
+
+
+def _play(
+    core: BatchedEnv,
+    policy: TensorDictModuleBase | None,
+    generator: torch.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """One episode per instance of ``core``: ``(returns [B], lengths [B], solved [B] | None)``."""
+    env = TransformedEnv(TorchRLBatchedEnv(core), InitTracker(init_key=keys.IS_INIT))
+    if policy is not None:
+        primers = get_primers_from_module(policy, warn=False)
+        if primers is not None:
+            env.append_transform(primers)
+    B = core.batch_size
+    returns, lengths = np.zeros(B), np.zeros(B, dtype=np.int64)
+    solved = np.zeros(B, dtype=bool) if "solved" in core.info() else None
+    finished = np.zeros(B, dtype=bool)
+    td = env.reset()
+    while not finished.all():
+        if policy is None:
+            action = torch.randint(core.num_actions, (B,), generator=generator)
+            td.set(keys.ACTION, action)
+        else:
+            td = policy(td)
+        td, td_next = env.step_and_maybe_reset(td)
+        playing = ~finished
+        returns[playing] += td["next", keys.REWARD][:, 0].numpy()[playing]
+        lengths[playing] += 1
+        done = td["next", keys.DONE][:, 0].numpy()
+        ended = playing & done
+        if solved is not None:
+            solved[ended] = td["next", "info", "solved"].numpy()[ended]
+        finished |= done
+        td = td_next
+    return returns, lengths, solved
+
+
+def evaluate(
+    game: str | type[BatchedEnv],
+    policy: TensorDictModuleBase | None = None,
+    *,
+    episodes: int = 1000,
+    seed: int = 0,
+    batch_size: int = 250,
+    greedy: bool = False,
+    **options: Any,
+) -> Evaluation:
+    """Play ``episodes`` held-out episodes of ``game`` with ``policy``.
+
+    Args:
+        game: ``'boxworld'``, ``'minipacman'`` or a :class:`BatchedEnv` subclass.
+        policy: a TorchRL policy reading the environment's entries and writing ``action``
+            (``Agent.policy``; its primers are found in it and appended), or None for the
+            uniform random policy.
+        episodes: how many episodes (default 1000).
+        seed: picks the held-out set (:func:`held_out_generators`).
+        batch_size: episodes stepped together.
+        greedy: take the policy's most probable action instead of sampling it.
+        **options: the game's parameters (``grid_size``, ``observation``, ...).
+
+    Returns:
+        :class:`Evaluation`.
+    """
+    episodes = int(check_int("episodes", episodes, owner="evaluate"))
+    batch_size = int(check_int("batch_size", batch_size, owner="evaluate"))
+    check_bool("greedy", greedy, owner="evaluate")
+    cls = game_class(game) if isinstance(game, str) else game
+    random_actions = torch.Generator().manual_seed(seed)
+    exploration = ExplorationType.DETERMINISTIC if greedy else ExplorationType.RANDOM
+    results = []
+    with torch.no_grad(), set_exploration_type(exploration):
+        for start in range(0, episodes, batch_size):
+            count = min(batch_size, episodes - start)
+            core = cls(batch_size=count, seed=seed, **options)
+            core.generators = held_out_generators(seed, start, count)
+            results.append(_play(core, policy, random_actions))
+    returns = np.concatenate([r[0] for r in results])
+    lengths = np.concatenate([r[1] for r in results])
+    stderr = float(returns.std(ddof=1) / math.sqrt(episodes)) if episodes > 1 else 0.0
+    solve_rate = solve_stderr = None
+    if results[0][2] is not None:
+        solved = np.concatenate([r[2] for r in results])
+        solve_rate = float(solved.mean())
+        solve_stderr = math.sqrt(solve_rate * (1 - solve_rate) / episodes)
+    return Evaluation(
+        episodes,
+        float(returns.mean()),
+        stderr,
+        float(lengths.mean()),
+        solve_rate,
+        solve_stderr,
+    )

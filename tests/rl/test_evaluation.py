@@ -1,0 +1,62 @@
+"""Held-out evaluation: the levels are a function of (seed, episode index) only; the figures
+are what the episodes gave."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from counter_env import CounterEnv
+from tensordict.nn import TensorDictModule
+
+from relmem.models import LSTMModelConfig
+from relmem.rl import keys
+from relmem.rl.agent import build_agent
+from relmem.rl.evaluation import evaluate
+
+
+def always_zero() -> TensorDictModule:
+    """A policy that always takes action 0 (reward 1 per step in CounterEnv)."""
+    return TensorDictModule(
+        lambda obs: torch.zeros(obs.shape[0], dtype=torch.int64),
+        in_keys=[keys.OBSERVATION],
+        out_keys=[keys.ACTION],
+    )
+
+
+def test_levels_do_not_depend_on_the_batch_size() -> None:
+    one = evaluate(CounterEnv, always_zero(), episodes=40, seed=3, batch_size=7)
+    two = evaluate(CounterEnv, always_zero(), episodes=40, seed=3, batch_size=40)
+    assert one == two
+    assert one.mean_return == one.mean_length and one.solve_rate == 1.0
+    assert one.solve_stderr == 0.0 and 2 <= one.mean_length <= 4
+    other = evaluate(CounterEnv, always_zero(), episodes=40, seed=4, batch_size=40)
+    assert other.mean_length != one.mean_length
+
+
+def test_random_policy_figures() -> None:
+    """Uniform actions: reward 1 with probability 1/3 per step, lengths uniform on {2, 3, 4}."""
+    result = evaluate(CounterEnv, None, episodes=600, seed=0, batch_size=200)
+    assert result.episodes == 600
+    assert abs(result.mean_length - 3) < 4 * math.sqrt(2 / 3 / 600)
+    assert abs(result.mean_return - 1) < 4 * result.return_stderr
+    # solved: at least one action 0 in the episode: 1 - E[(2/3)^L].
+    expected = 1 - sum((2 / 3) ** n for n in (2, 3, 4)) / 3
+    assert abs(result.solve_rate - expected) < 4 * result.solve_stderr
+    assert result == evaluate(CounterEnv, None, episodes=600, seed=0, batch_size=200)
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_an_agent_plays_with_its_state(greedy: bool) -> None:
+    torch.manual_seed(0)
+    agent = build_agent(CounterEnv.observation_shape, 3, "lstm", LSTMModelConfig(hidden_size=8))
+    result = evaluate(CounterEnv, agent.policy, episodes=30, seed=1, batch_size=16, greedy=greedy)
+    assert result.episodes == 30 and 2 <= result.mean_length <= 4
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="game must be one of 'boxworld', 'minipacman'"):
+        evaluate("chess")
+    with pytest.raises(ValueError, match="episodes"):
+        evaluate(CounterEnv, episodes=0)
