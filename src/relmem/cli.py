@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("relmem.commands.evaluate", "held-out metric of a run, broken down by group"),
     "generate": ("relmem.commands.generate", "sample text from a trained language model"),
     "plot": ("relmem.commands.plot", "learning curves and RMC attention maps of a run (PNG)"),
+    "play": ("relmem.commands.play", "render episodes of a trained RL agent (GIF or PNG strip)"),
     "bench": ("relmem.commands.bench", "time the RMC (reference, fast) against nn.LSTM; to JSON"),
 }
 

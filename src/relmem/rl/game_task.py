@@ -114,7 +114,8 @@ class GameTask:
     """A game trained by reinforcement learning (``relmem train boxworld``).
 
     Args:
-        game: ``'boxworld'`` or ``'minipacman'`` (what ``make_env`` builds).
+        game: ``'boxworld'`` or ``'minipacman'`` (what ``make_env`` builds), or a
+            ``BatchedEnv`` subclass (a game of one's own, with its ``make_env``).
         config: the task's config (the game's options and the learner's settings).
         solvable: the game's episodes can be won (BoxWorld); the primary metric is then the
             solve rate, else the return.
@@ -135,7 +136,7 @@ class GameTask:
 
     def __init__(
         self,
-        game: str,
+        game: str | type,
         config: LearnerConfig,
         *,
         solvable: bool,

@@ -1,0 +1,105 @@
+"""``relmem play RUN_DIR --episodes N --out FILE.gif``: episodes of a trained RL agent as a GIF
+or a PNG strip.
+
+The episodes are the run's held-out levels (episode ``i`` is the level ``relmem eval`` plays
+as its ``i``-th), drawn by :mod:`relmem.rl.render`: the whole board beside what the agent sees,
+tinted by the RMC's attention over the observed cells when the core is the RMC.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import tyro
+
+from relmem.commands.errors import describe_error
+from relmem.tasks.registry import get_task
+from relmem.train.checkpoint import CheckpointError
+from relmem.train.runs import MAX_PARAMETERS, load_run_config
+
+
+@dataclass
+class PlayArgs:
+    """Render episodes of a trained RL agent.
+
+    Attributes:
+        run_dir: the run directory written by ``relmem train boxworld`` / ``minipacman``.
+        episodes: how many held-out episodes, one after the other.
+        out: a ``.gif`` (animated) or ``.png`` (a strip of frames); None: ``RUN_DIR/play.gif``.
+        checkpoint: a checkpoint directory instead of the run's latest.
+        greedy: take the most probable action instead of sampling it.
+        seed: the held-out levels' seed (None: the run's ``task.eval_seed``).
+        fps: GIF frames per second.
+        scale: pixels per board cell.
+        max_parameters: refuse to build a model larger than this.
+    """
+
+    run_dir: Annotated[Path, tyro.conf.Positional]
+    episodes: int = 1
+    out: Path | None = None
+    checkpoint: Path | None = None
+    greedy: bool = False
+    seed: int | None = None
+    fps: float = 4.0
+    scale: int = 16
+    max_parameters: int = MAX_PARAMETERS
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``relmem play``; writes the file and prints its path."""
+    try:
+        args = tyro.cli(PlayArgs, args=argv, prog="relmem play")
+    except SystemExit as exc:  # tyro has printed help or a boxed error message
+        return int(exc.code or 0)
+    out = args.out or Path(args.run_dir) / "play.gif"
+    try:
+        if args.episodes < 1:
+            raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
+        if not args.fps > 0:
+            raise ValueError(f"--fps must be > 0, got {args.fps}")
+        if out.suffix.lower() not in (".gif", ".png"):
+            raise ValueError(f"--out must end in .gif or .png, got {out}")
+        task_name, _ = load_run_config(args.run_dir)
+        if get_task(task_name).trainer is None:
+            raise ValueError(
+                f"{args.run_dir} is a run of {task_name!r}; relmem play renders the episodes "
+                "of RL runs (boxworld, minipacman)"
+            )
+        from relmem.rl.render import render_episodes, write_frames
+        from relmem.rl.runs import load_agent
+
+        config, task_name, task, agent, ckpt = load_agent(
+            args.run_dir, args.checkpoint, max_parameters=args.max_parameters
+        )
+        seed = config.task.eval_seed if args.seed is None else args.seed
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            frames = render_episodes(
+                task.game,
+                agent,
+                episodes=args.episodes,
+                seed=seed,
+                scale=args.scale,
+                greedy=args.greedy,
+                **task.options,
+            )
+    except (ValueError, TypeError, KeyError, CheckpointError, OSError) as exc:
+        return _error(describe_error(exc, "--checkpoint"))
+    try:
+        write_frames(frames, out, fps=args.fps)
+    except OSError as exc:
+        return _error(f"--out {out}: {exc.strerror or exc}")
+    print(
+        f"{task_name} / {config.model}, checkpoint {ckpt}: {args.episodes} episode(s), "
+        f"{len(frames)} frames; written {out}"
+    )
+    return 0
+
+
+def _error(message: str) -> int:
+    print(f"relmem play: error: {message}", file=sys.stderr)
+    return 2
