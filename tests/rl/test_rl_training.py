@@ -172,7 +172,7 @@ def test_boxworld_one_box_level_is_learned(tmp_path: Path) -> None:
         critic_coeff=0.1,
         eval_episodes=200,
     )
-    config = reach_config(tmp_path, task=task, steps=200, eval_every=100, log_every=20)
+    config = reach_config(tmp_path, task=task, steps=200, eval_every=50, log_every=20)
     config.optim = OptimConfig(lr=3e-3, grad_clip=40.0)
     result = run(config, "boxworld")
     evals = [r["eval/solved"] for r in records(result.run_dir) if "eval/solved" in r]
