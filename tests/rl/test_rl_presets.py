@@ -1,0 +1,38 @@
+"""The RL tasks' presets (``docs/rl.md`` §4.5): each builds its game and an agent with every
+core, the defaults are ``cpu``, and the ``paper`` presets follow spec §3."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relmem.models import count_parameters
+from relmem.rl.tasks import build_boxworld  # noqa: F401  (registers the RL tasks)
+from relmem.tasks.registry import default_preset, get_preset, get_task, list_presets
+
+RL_TASKS = ("boxworld", "minipacman")
+PRESETS = [(task, entry.name) for task in RL_TASKS for entry in list_presets(task)]
+
+
+@pytest.mark.parametrize(("task_name", "preset"), PRESETS, ids=[f"{t}-{p}" for t, p in PRESETS])
+@pytest.mark.parametrize("model", ["rmc", "lstm", "convlstm"])
+def test_presets_build_every_core(task_name: str, preset: str, model: str) -> None:
+    config = get_preset(task_name, preset)
+    task = get_task(task_name).build(config.task)
+    with torch.device("meta"):
+        agent = task.agent(model, getattr(config, model))
+    assert count_parameters(agent) > 0
+
+
+def test_defaults_and_the_paper_setting() -> None:
+    for task_name in RL_TASKS:
+        assert default_preset(task_name).name == "cpu"
+        paper = get_preset(task_name, "paper")
+        assert paper.task.algorithm == "impala" and paper.task.unroll == 40
+        assert paper.task.entropy_coeff == 0.005 and paper.task.gamma == 0.99
+        assert paper.optim.optimizer == "rmsprop" and paper.optim.eps == 0.01
+        assert paper.optim.alpha == 0.99 and paper.optim.grad_clip == 40.0
+        assert paper.batch_size * paper.task.unroll * paper.steps == 10**9
+    box = get_preset("boxworld", "cpu").task
+    assert (box.grid_size, box.solution_length, box.num_forward) == (6, (1, 2), (0, 1))
+    assert box.observation == "full"
