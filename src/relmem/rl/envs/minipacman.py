@@ -100,10 +100,13 @@ def _viewport_index() -> np.ndarray:
 
 VIEW_INDEX = _viewport_index()
 
-WHITE, BLUE, CYAN, GREEN = (255, 255, 255), (0, 0, 255), (0, 255, 255), (0, 255, 0)
-YELLOW = (255, 255, 0)
-_BOARD = np.zeros((NUM_CELLS + 1, 3), dtype=np.uint8)  # walls white, the rest black
-_BOARD[~np.append(FREE, False)] = WHITE
+_EMPTY, _WALL, _FOOD, _PILL, _GHOST, _PACMAN, _BAR = range(7)  # what a cell shows
+_PALETTE = np.array(
+    [(0, 0, 0), (255, 255, 255), (0, 0, 255), (0, 255, 255), (255, 0, 0), (0, 255, 0)]
+    + [(255, 255, 0)],
+    dtype=np.uint8,
+)  # [7, 3] RGB per code: the ghost's green channel is set from the power
+_BOARD_CODE = np.where(FREE, _EMPTY, _WALL)  # [285]
 _POWER_BAR = np.arange(WIDTH) + (HEIGHT - 1) * WIDTH  # the bottom wall row's cells
 
 
@@ -468,24 +471,30 @@ class MiniPacman(BatchedEnv):
 
     def _paint(self, idx: np.ndarray) -> np.ndarray:
         """The boards of instances ``idx``, ``uint8 [n, 286, 3]``: 285 cells plus one wall
-        pixel (what the viewport shows off the map). Painted from the lowest priority up."""
+        pixel (what the viewport shows off the map). Each cell gets the code of what shows
+        (the highest priority, painted last), then its colour from ``_PALETTE``."""
         n = idx.size
-        image = np.broadcast_to(_BOARD, (n, NUM_CELLS + 1, 3)).copy()
-        image[:, :NUM_CELLS][self.food[idx]] = BLUE
+        code = np.empty((n, NUM_CELLS + 1), dtype=np.intp)
+        np.multiply(self.food[idx], _FOOD, out=code[:, :NUM_CELLS])
+        code[:, :NUM_CELLS] += _BOARD_CODE  # food lies on free cells only
+        code[:, NUM_CELLS] = _WALL
         pills = self.pills[idx]
         where = pills >= 0
-        image[np.nonzero(where)[0], pills[where]] = CYAN
-        power = self.power[idx]
+        code[np.nonzero(where)[0], pills[where]] = _PILL
         alive = self.ghost_alive[idx]
         rows = np.nonzero(alive)[0]
-        edible = (255 * power + self.pill_duration // 2) // self.pill_duration
-        image[rows, self.ghost_cell[idx][alive], 0] = 255
-        image[rows, self.ghost_cell[idx][alive], 1] = np.minimum(edible, 255)[rows]
-        image[rows, self.ghost_cell[idx][alive], 2] = 0
+        ghosts = self.ghost_cell[idx][alive]
+        code[rows, ghosts] = _GHOST
+        power = self.power[idx]
         if self.power_bar:
             bar = np.arange(WIDTH)[None, :] < np.minimum(power, WIDTH)[:, None]  # [n, 19]
-            image[np.nonzero(bar)[0], _POWER_BAR[np.nonzero(bar)[1]]] = YELLOW
-        image[np.arange(n), self.pacman[idx]] = GREEN
+            code[np.nonzero(bar)[0], _POWER_BAR[np.nonzero(bar)[1]]] = _BAR
+        code[np.arange(n), self.pacman[idx]] = _PACMAN
+        image = np.take(_PALETTE, code, axis=0, mode="clip")  # [n, 286, 3]
+        # a ghost is (255, e, 0), e = 255 power / pill_duration: red, yellow right after a pill
+        edible = (255 * power + self.pill_duration // 2) // self.pill_duration
+        shown = code[rows, ghosts] == _GHOST
+        image[rows[shown], ghosts[shown], 1] = edible[rows[shown]]
         return image
 
     def _observe(self) -> np.ndarray:
