@@ -34,14 +34,16 @@ def steps_per_second(env: BatchedEnv, steps: int, repeats: int, seed: int) -> li
     (random actions; ended instances are reset inside the timed loop)."""
     rng = np.random.default_rng(seed)
     env.reset()
+    ended = np.zeros(env.batch_size, dtype=bool)
     rates = []
     for _ in range(repeats):
         actions = rng.integers(env.num_actions, size=(steps, env.batch_size))
         start = time.perf_counter()
         for action in actions:
-            if env.ended.any():
-                env.reset(env.ended.copy())
-            env.step(action)
+            if ended.any():
+                env.reset(ended)
+            result = env.step(action)
+            ended = result.terminated | result.truncated
         rates.append(steps * env.batch_size / (time.perf_counter() - start))
     return rates
 
