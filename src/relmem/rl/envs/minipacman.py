@@ -285,8 +285,9 @@ class MiniPacman(BatchedEnv):
                 0 right, 1 up, 2 left, 3 down).
             pills: up to 2 pill cells ``(row, col)``.
             food: ``bool [15, 19]`` pellets (None: one on every free cell).
-            power, level, timer, frame: the counters (level sets the ghosts' speed,
-                ``0.5 + 0.1 (level - 1)``: from level 6 on they move every unpowered step).
+            power, level, timer, frame: the counters (power at most ``pill_duration``; level
+                sets the ghosts' speed, ``0.5 + 0.1 (level - 1)``: from level 6 on they move
+                every unpowered step).
 
         Raises:
             ValueError: a cell is off the map or a wall, or a value is out of range.
@@ -303,6 +304,11 @@ class MiniPacman(BatchedEnv):
         for name, value in (("level", level), ("power", power), ("timer", timer)):
             check_int(name, value, 1 if name == "level" else 0, owner="MiniPacman.place")
         check_int("frame", frame, 0, owner="MiniPacman.place")
+        if power > self.pill_duration:
+            raise ValueError(
+                f"MiniPacman.place: power must be <= pill_duration = {self.pill_duration}, "
+                f"got {power}"
+            )
         self.pacman[index] = cell("pacman", pacman)
         self.food[index] = FREE if food is None else np.asarray(food, bool).reshape(-1) & FREE
         self.food_left[index] = self.food[index].sum()
