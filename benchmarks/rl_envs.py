@@ -12,6 +12,7 @@ One JSON object per game, with machine info (load included), is appended to ``--
 
     PYTHONPATH=src python benchmarks/rl_envs.py
     PYTHONPATH=src python benchmarks/rl_envs.py --games boxworld --observation viewport
+    PYTHONPATH=src python benchmarks/rl_envs.py --games minipacman
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from relmem.env_info import machine_info
 from relmem.rl.envs.base import BatchedEnv
 from relmem.rl.envs.boxworld import BoxWorld
+from relmem.rl.envs.minipacman import MiniPacman
 
 
 def play(env: BatchedEnv, steps: int, seed: int = 0) -> dict[str, float]:
@@ -63,7 +65,13 @@ def boxworld(batch_size: int, steps: int, observation: str) -> dict[str, Any]:
     return {"game": "boxworld", "grid_size": env.grid_size, **play(env, steps)}
 
 
-GAMES = {"boxworld": boxworld}
+def minipacman(batch_size: int, steps: int, observation: str) -> dict[str, Any]:
+    """Mini PacMan, task 'regular' (``docs/rl.md`` §2)."""
+    env = MiniPacman(batch_size, seed=0, task="regular", observation=observation)
+    return {"game": "minipacman", "task": "regular", **play(env, steps)}
+
+
+GAMES = {"boxworld": boxworld, "minipacman": minipacman}
 
 
 def main() -> None:

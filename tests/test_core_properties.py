@@ -152,7 +152,11 @@ CORES: dict[str, CoreSpec] = {
             "output_size": (st.one_of(st.none(), st.integers(1, 3)), bad_count),
             "num_layers": count(1, 2),
             "compat": choice("paper", "deepmind"),
-            "clip_value": real(0, 30),
+            # None is valid here: the compat's default clip (20 for 'deepmind', 0 for 'paper')
+            "clip_value": (
+                st.one_of(st.none(), st.floats(0, 30)),
+                not_a_float.filter(lambda v: v is not None),
+            ),
             "link": choice("dense", "sparse", "none"),
             "link_topk": count(1, 3),
             "usage_write_grad": FLAG,

@@ -201,3 +201,14 @@ def test_bad_arguments_are_named() -> None:
         build_agent((5, 5, 6), 4, "convlstm", ConvLSTMModelConfig(height=3, width=3))
     with pytest.raises(ValueError, match="observation_shape must be"):
         build_agent((5, 5), 4, "lstm", TINY["lstm"])
+
+
+def test_parameters_are_held_once_and_copies_stay_shared() -> None:
+    import copy
+
+    agent = build_agent((5, 5, 6), 4, "lstm", TINY["lstm"])
+    names = list(agent.state_dict())
+    assert not any(n.startswith(("policy.", "value.")) for n in names)
+    assert len(names) == len({id(t) for t in agent.state_dict().values()})
+    twin = copy.deepcopy(agent)
+    assert twin.policy.module[0].module[1] is twin.core and twin.value.module[1] is twin.core

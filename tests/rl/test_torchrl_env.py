@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 from counter_env import CounterEnv
@@ -64,9 +62,6 @@ def test_make_env_names_the_games() -> None:
         make_env("chess", 2, 0)
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("relmem.rl.envs.boxworld") is None, reason="BoxWorld not merged yet"
-)
 def test_make_env_boxworld() -> None:
     env = make_env("boxworld", 3, 0, grid_size=6, solution_length=(1, 2), observation="viewport")
     check_env_specs(env)
@@ -74,3 +69,17 @@ def test_make_env_boxworld() -> None:
     assert data[keys.OBSERVATION].shape == (3, 5, 5, 5, 6)
     assert "solved" in data["next", "info"]
     assert env.base_env.core.batch_size == 3
+
+
+def test_make_env_minipacman_with_an_agent() -> None:
+    from relmem.models import LSTMModelConfig
+    from relmem.rl.agent import build_agent
+
+    agent = build_agent((5, 5, 3), 5, "lstm", LSTMModelConfig(hidden_size=8))
+    env = make_env(
+        "minipacman", 2, 0, observation="viewport", primers=[agent.make_tensordict_primer()]
+    )
+    check_env_specs(env)
+    data = env.rollout(4, agent.policy, break_when_any_done=False)
+    assert data[keys.OBSERVATION].shape == (2, 4, 5, 5, 3)
+    assert set(data["next", "info"].keys()) >= {"level", "frame"}

@@ -1,7 +1,7 @@
 """Models for the training tasks: ``encoder -> core -> head``.
 
 - :mod:`~relmem.models.spec`: :class:`TaskSpec`, what a task asks of its models;
-- :mod:`~relmem.models.registry`: the cores (``rmc``, ``lstm``, ``dnc``), one file each;
+- :mod:`~relmem.models.registry`: the cores (``rmc``, ``lstm``, ``dnc``, ``convlstm``), a file each;
 - :mod:`~relmem.models.encoders` and :mod:`~relmem.models.heads`: what a task may name;
 - :mod:`~relmem.models.model`: :class:`SequenceModel` and :func:`build_model`;
 - :mod:`~relmem.models.seq2seq`: :class:`Seq2SeqModel`, for tasks with a ``TaskSpec.decoder``.

@@ -24,7 +24,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
-from tensordict.nn import TensorDictModule, TensorDictSequential
+from tensordict.nn import InteractionType, TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.data import Categorical
 from torchrl.envs import TensorDictPrimer
@@ -75,7 +75,9 @@ class Agent(nn.Module):
     Attributes:
         policy: ``ProbabilisticActor``: reads ``observation``, ``is_init`` and the state keys;
             writes ``logits [*B, A]``, ``action int64 [*B]``, ``action_log_prob [*B]`` and
-            ``("next", state key)``.
+            ``("next", state key)``. It samples the action unless a
+            ``set_exploration_type(ExplorationType.DETERMINISTIC)`` context asks for the most
+            probable one.
         value: reads the same entries; writes ``state_value [*B, 1]`` (and the next state).
         state_keys: the recurrent state's entries (RMC: ``memory``; LSTM and ConvLSTM: ``h``,
             ``c``).
@@ -105,6 +107,7 @@ class Agent(nn.Module):
             distribution_class=torch.distributions.Categorical,
             return_log_prob=True,
             log_prob_key=keys.ACTION_LOG_PROB,
+            default_interaction_type=InteractionType.RANDOM,
         )
         value = TensorDictSequential(encoder, core, trunk, value_head)
         # Not submodules: their parameters are the parts' (one copy in state_dict).

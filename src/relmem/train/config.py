@@ -93,7 +93,7 @@ class _RunConfig(Generic[TaskConfigT]):
 
     Attributes:
         task: the task's config dataclass (e.g. ``NthFarthestConfig``, ``RepeatCopyConfig``).
-        model: which registered model to train ('dnc', 'lstm' or 'rmc'; ``list_models()``).
+        model: the registered model to train (``list_models()``: 'convlstm', 'dnc', 'lstm', 'rmc').
         rmc, lstm, dnc, ...: one field per registered model, its config (used when
             ``model`` names it).
         head: the MLP head on the core's last output (last-step tasks; per-step tasks use a

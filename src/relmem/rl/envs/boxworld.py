@@ -194,7 +194,7 @@ class BoxWorld(BatchedEnv):
         self._done = np.ones(B, dtype=bool)  # no episode under way until reset
         self._solved = np.zeros(B, dtype=bool)
         self._counters = np.zeros((4, B), dtype=np.int64)  # retries, L, f, k
-        self._obs = np.zeros((B, *self.observation_shape), dtype=np.uint8)
+        self._obs = np.zeros((B, size, size, 3), dtype=np.uint8)  # the full image ("full" only)
         self._rows = np.arange(B)
         self.levels: list[Level | None] = [None] * B
 
@@ -354,11 +354,14 @@ class BoxWorld(BatchedEnv):
         """The current observations, ``uint8 [B, *observation_shape]`` (a new array)."""
         if self.observation == "full":
             return self._obs.copy()
-        y = self._position[:, 0, None, None] + PAD + _WINDOW[:, None]  # [B, 5, 1]
-        x = self._position[:, 1, None, None] + PAD + _WINDOW  # [B, 1, 5]
-        self._obs[..., :3] = PALETTE[self._board[self._rows[:, None, None], y, x]]
-        self._obs[..., 3:] = PALETTE[self._map[:, 0, 0]][:, None, None, :]  # held key
-        return self._obs.copy()
+        side = self._board.shape[1]  # flat indices into the padded boards
+        centre = (self._rows * side + self._position[:, 0] + PAD) * side + self._position[:, 1]
+        window = (_WINDOW[:, None] * side + _WINDOW).reshape(-1)  # [25]
+        cells = self._board.reshape(-1)[centre[:, None] + PAD + window]  # [B, 25]
+        observation = np.empty((self.batch_size, 5, 5, 6), dtype=np.uint8)
+        observation[..., :3] = PALETTE[cells].reshape(-1, 5, 5, 3)
+        observation[..., 3:] = PALETTE[self._map[:, 0, 0]][:, None, None, :]  # held key
+        return observation
 
     def _check_running(self) -> None:
         if self._done.any():
