@@ -50,6 +50,24 @@ CASES = {
     "one-slot-e7": {"mem_slots": 1, "num_heads": 3, "key_size": 2},
     "one-slot-e7-blocks-2": {"mem_slots": 1, "num_blocks": 2},
     "more-slots-than-width": {"mem_slots": 6, "num_heads": 1, "head_size": 3},
+    # The RL agent's cores (docs/rl.md §3): one input row per cell of the 8x8 full BoxWorld
+    # map (the cpu preset) and of the 5x5 viewport (the paper's sizes).
+    "agent-cpu": {
+        "input_size": 26,
+        "input_rows": 64,
+        "mem_slots": 2,
+        "head_size": 32,
+        "num_heads": 2,
+        "gate_style": "memory",
+    },
+    "agent-paper": {
+        "input_size": 26,
+        "input_rows": 25,
+        "mem_slots": 4,
+        "head_size": 64,
+        "num_heads": 4,
+        "gate_style": "memory",
+    },
 }
 
 
@@ -146,6 +164,7 @@ def _fast_copy(core: RelationalMemory) -> RelationalMemory:
 
 
 F32_CASES = ["default", "blocks-3", "output-gate-memory", "matrix-blocks-2", "one-slot-e7"]
+F32_CASES += ["agent-cpu", "agent-paper"]
 
 
 @pytest.mark.parametrize(
@@ -224,6 +243,8 @@ def test_packed_and_batch_first_match_reference() -> None:
         "matrix-input",
         "one-slot-e7",
         "no-gate",
+        "agent-cpu",
+        "agent-paper",
     ],
 )
 def test_cell_matches_reference(case: str) -> None:
