@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
+import relmem.cores.rmc.fast as fast_module
 from relmem.cores.rmc import (
     FastRelationalMemory,
     RelationalMemory,
@@ -209,6 +210,38 @@ def test_deferral_cost_model() -> None:
         FastRelationalMemory(_build(torch.float32), compile=True, defer_weight_grads=True)
     with pytest.raises(ValueError, match="defer_weight_grads"):
         FastRelationalMemory(_build(torch.float32), defer_weight_grads="yes")
+
+
+@pytest.mark.parametrize("chunk", [1, 2])
+@pytest.mark.parametrize(
+    "case", ["default", "query-memory-b2", "output-gate-memory", "matrix-blocks-2", "agent-cpu"]
+)
+def test_sequence_hoisted_in_chunks_matches_reference(
+    case: str, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E1–E3 hoisted per chunk of time steps (``hoist_chunk``), with and without lengths."""
+    core = _build(torch.float64, **CASES[case])
+    inputs = _input(core, steps=5, batch=3, dtype=torch.float64)
+    cfg = core.config
+    blocks = cfg.num_blocks if cfg.query_rows == "memory" else 1
+    per_step = 3 * cfg.num_input_rows * (cfg.mem_size + cfg.qkv_size * blocks) * 8
+    monkeypatch.setattr(fast_module, "HOIST_CHUNK_BYTES", chunk * per_step)
+    assert fast_module.hoist_chunk(cfg, inputs) == chunk
+    state = _states(core, 3, torch.float64)
+    _compare(core, _fast_copy(core), inputs, state, 1e-10)
+    _compare(core, _fast_copy(core), inputs, state, 1e-10, lengths=torch.tensor([5, 0, 3]))
+
+
+def test_hoist_chunk() -> None:
+    """The RL agent's matrix-mode core at B = 32 hoists 4 steps at a time on the CPU; the
+    vector-mode cores of ``relmem bench`` small and nth_farthest hoist their whole sequence."""
+    agent = _build(torch.float32, randomise=False, **CASES["agent-cpu"]).config
+    assert fast_module.hoist_chunk(agent, torch.empty(20, 32, 64, 26)) == 4
+    assert fast_module.hoist_chunk(agent, torch.empty(20, 32, 64, 26, device="meta")) == 20
+    small = _build(torch.float32, randomise=False, mem_slots=4, head_size=32, num_heads=4).config
+    assert fast_module.hoist_chunk(small, torch.empty(50, 32, 1, 5)) == 50
+    nth = _build(torch.float32, randomise=False, mem_slots=8, head_size=32, num_heads=8).config
+    assert fast_module.hoist_chunk(nth, torch.empty(8, 64, 1, 5)) == 8
 
 
 @pytest.mark.parametrize("case", ["default", "output-gate", "one-slot-e7", "query-memory-b2"])
