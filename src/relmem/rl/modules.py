@@ -248,9 +248,12 @@ class RecurrentCoreModule(TensorDictModuleBase):
         """
         steps = x.shape[1]
         cuts = starts[:, 1:].any(0).nonzero().flatten().add(1).tolist()
+        bounds = list(zip([0, *cuts], [*cuts, steps], strict=True))
+        # split, not slicing: each slice's backward would zero-fill a [B, T, ...] gradient
+        pieces = x.split([end - begin for begin, end in bounds], dim=1)
         outputs, per_step = [], []
-        for begin, end in zip([0, *cuts], [*cuts, steps], strict=True):
-            output, state = self._run(x[:, begin:end], self._reset(state, starts[:, begin]))
+        for (begin, end), piece in zip(bounds, pieces, strict=True):
+            output, state = self._run(piece, self._reset(state, starts[:, begin]))
             outputs.append(output)
             recovered = self.states_from_outputs(output)
             if recovered is None:  # exact at the segment's last step only
