@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
+import relmem.cores.rmc.fast as fast_module
 from relmem.cores.rmc import (
     FastRelationalMemory,
     RelationalMemory,
@@ -50,6 +51,24 @@ CASES = {
     "one-slot-e7": {"mem_slots": 1, "num_heads": 3, "key_size": 2},
     "one-slot-e7-blocks-2": {"mem_slots": 1, "num_blocks": 2},
     "more-slots-than-width": {"mem_slots": 6, "num_heads": 1, "head_size": 3},
+    # The RL agent's cores (docs/rl.md §3): one input row per cell of the 8x8 full BoxWorld
+    # map (the cpu preset) and of the 5x5 viewport (the paper's sizes).
+    "agent-cpu": {
+        "input_size": 26,
+        "input_rows": 64,
+        "mem_slots": 2,
+        "head_size": 32,
+        "num_heads": 2,
+        "gate_style": "memory",
+    },
+    "agent-paper": {
+        "input_size": 26,
+        "input_rows": 25,
+        "mem_slots": 4,
+        "head_size": 64,
+        "num_heads": 4,
+        "gate_style": "memory",
+    },
 }
 
 
@@ -146,6 +165,7 @@ def _fast_copy(core: RelationalMemory) -> RelationalMemory:
 
 
 F32_CASES = ["default", "blocks-3", "output-gate-memory", "matrix-blocks-2", "one-slot-e7"]
+F32_CASES += ["agent-cpu", "agent-paper"]
 
 
 @pytest.mark.parametrize(
@@ -192,6 +212,38 @@ def test_deferral_cost_model() -> None:
         FastRelationalMemory(_build(torch.float32), defer_weight_grads="yes")
 
 
+@pytest.mark.parametrize("chunk", [1, 2])
+@pytest.mark.parametrize(
+    "case", ["default", "query-memory-b2", "output-gate-memory", "matrix-blocks-2", "agent-cpu"]
+)
+def test_sequence_hoisted_in_chunks_matches_reference(
+    case: str, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E1–E3 hoisted per chunk of time steps (``hoist_chunk``), with and without lengths."""
+    core = _build(torch.float64, **CASES[case])
+    inputs = _input(core, steps=5, batch=3, dtype=torch.float64)
+    cfg = core.config
+    blocks = cfg.num_blocks if cfg.query_rows == "memory" else 1
+    per_step = 3 * cfg.num_input_rows * (cfg.mem_size + cfg.qkv_size * blocks) * 8
+    monkeypatch.setattr(fast_module, "HOIST_CHUNK_BYTES", chunk * per_step)
+    assert fast_module.hoist_chunk(cfg, inputs) == chunk
+    state = _states(core, 3, torch.float64)
+    _compare(core, _fast_copy(core), inputs, state, 1e-10)
+    _compare(core, _fast_copy(core), inputs, state, 1e-10, lengths=torch.tensor([5, 0, 3]))
+
+
+def test_hoist_chunk() -> None:
+    """The RL agent's matrix-mode core at B = 32 hoists 4 steps at a time on the CPU; the
+    vector-mode cores of ``relmem bench`` small and nth_farthest hoist their whole sequence."""
+    agent = _build(torch.float32, randomise=False, **CASES["agent-cpu"]).config
+    assert fast_module.hoist_chunk(agent, torch.empty(20, 32, 64, 26)) == 4
+    assert fast_module.hoist_chunk(agent, torch.empty(20, 32, 64, 26, device="meta")) == 20
+    small = _build(torch.float32, randomise=False, mem_slots=4, head_size=32, num_heads=4).config
+    assert fast_module.hoist_chunk(small, torch.empty(50, 32, 1, 5)) == 50
+    nth = _build(torch.float32, randomise=False, mem_slots=8, head_size=32, num_heads=8).config
+    assert fast_module.hoist_chunk(nth, torch.empty(8, 64, 1, 5)) == 8
+
+
 @pytest.mark.parametrize("case", ["default", "output-gate", "one-slot-e7", "query-memory-b2"])
 def test_sequence_with_lengths_matches_reference(case: str) -> None:
     core = _build(torch.float64, **CASES[case])
@@ -224,6 +276,8 @@ def test_packed_and_batch_first_match_reference() -> None:
         "matrix-input",
         "one-slot-e7",
         "no-gate",
+        "agent-cpu",
+        "agent-paper",
     ],
 )
 def test_cell_matches_reference(case: str) -> None:

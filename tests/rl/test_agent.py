@@ -17,7 +17,7 @@ from relmem.models.convlstm import ConvLSTMModelConfig, same_padding
 from relmem.rl import ConvLSTMModule, RMCModule, keys
 from relmem.rl.agent import build_agent
 from relmem.rl.envs.torchrl_env import TorchRLBatchedEnv
-from relmem.rl.modules import CellEncoder
+from relmem.rl.modules import CellEncoder, RecurrentCoreModule
 
 TINY = {
     "rmc": RMCModelConfig(mem_slots=2, head_size=4, num_heads=2, gate_style="memory"),
@@ -74,6 +74,16 @@ def test_the_step_after_an_episode_end_equals_a_fresh_module(model: str) -> None
             torch.testing.assert_close(fresh["next", key][0], data["next", key][b, t])
 
 
+def exact_states(core: RecurrentCoreModule, starts: torch.Tensor) -> torch.Tensor:
+    """``bool [B, T]``: where recurrent mode writes the exact next state: everywhere with
+    ``'steps'`` or for the RMC, else at each segment's last step (before a reset, and T - 1)."""
+    if core.recurrent_impl == "steps" or isinstance(core, RMCModule):
+        return torch.ones_like(starts)
+    ends = torch.ones(starts.shape[1], dtype=torch.bool)
+    ends[:-1] = starts[:, 1:].any(0)
+    return ends.expand_as(starts)
+
+
 @pytest.mark.parametrize("model", sorted(TINY))
 def test_recurrent_mode_equals_step_by_step(model: str) -> None:
     """§4.4 (2): recurrent mode over ``[B, T]`` with episodes packed along T gives the
@@ -114,12 +124,73 @@ def test_recurrent_mode_equals_step_by_step(model: str) -> None:
     torch.testing.assert_close(recurrent[keys.LOGITS], data[keys.LOGITS])
     torch.testing.assert_close(recurrent[keys.LOGITS], sequential[keys.LOGITS])
     torch.testing.assert_close(recurrent[keys.STATE_VALUE], sequential[keys.STATE_VALUE])
+    exact = exact_states(agent.core, inputs[keys.IS_INIT][..., 0])
     for key in agent.state_keys:
-        torch.testing.assert_close(recurrent["next", key], sequential["next", key])
-        torch.testing.assert_close(recurrent["next", key], data["next", key])
+        torch.testing.assert_close(recurrent["next", key][exact], sequential["next", key][exact])
+        torch.testing.assert_close(recurrent["next", key][exact], data["next", key][exact])
     for name, param in agent.named_parameters():
         assert param.grad is not None and param.grad.abs().sum() > 0, name
         torch.testing.assert_close(recurrent_grads[name], param.grad, msg=name)
+
+
+RESETS = {  # (row, t) where is_init is set: t = 0, a time shared by two rows, the last step
+    "t0_mid_last": [(0, 0), (1, 3), (2, 3), (1, 5), (3, 6)],
+    "none": [],
+    "every_step_one_row": [(4, t) for t in range(7)],
+}
+
+
+@pytest.mark.parametrize("resets", sorted(RESETS))
+@pytest.mark.parametrize("model", sorted(TINY))
+def test_segments_equal_steps(model: str, resets: str) -> None:
+    """Recurrent mode over segments equals the step-by-step reference: outputs, the next
+    states (every step for the RMC; each segment's last step otherwise, zeros elsewhere), and
+    the gradients of the inputs, the state at t = 0 and every parameter."""
+    torch.manual_seed(0)
+    agent = build_agent((3, 3, 2), 4, model, TINY[model])
+    core = agent.core
+    batch, steps = 5, 7
+    starts = torch.zeros(batch, steps, 1, dtype=torch.bool)
+    for row, t in RESETS[resets]:
+        starts[row, t] = True
+    with torch.no_grad():
+        x = agent.encoder.module(torch.randint(0, 256, (batch, steps, 3, 3, 2), dtype=torch.uint8))
+    x.requires_grad_(True)
+    state0 = {
+        key: torch.randn(batch, steps, *shape, requires_grad=True)
+        for key, shape in zip(core.state_keys, core.state_shapes, strict=True)
+    }
+    td = TensorDict({"embedding": x, keys.IS_INIT: starts, **state0}, batch_size=[batch, steps])
+    weights = {key: torch.randn(batch, steps, *state0[key].shape[2:]) for key in state0}
+    out_weights = torch.randn(batch, steps, core.core.output_size)
+
+    exact = exact_states(core, starts[..., 0])  # the default: 'segments'
+
+    def run(impl: str) -> tuple[TensorDict, dict[str, torch.Tensor]]:
+        core.recurrent_impl = impl
+        with set_recurrent_mode(True):
+            out = core(td.clone())
+        loss = (out["core_output"] * out_weights).sum()
+        for key in core.state_keys:
+            loss = loss + (out["next", key] * weights[key])[exact].sum()
+        inputs = [x, *state0.values(), *agent.core.parameters()]
+        grads = torch.autograd.grad(loss, inputs)
+        names = ["x", *state0, *(n for n, _ in agent.core.named_parameters())]
+        return out, dict(zip(names, grads, strict=True))
+
+    reference, reference_grads = run("steps")
+    segments, segment_grads = run("segments")
+    torch.testing.assert_close(segments["core_output"], reference["core_output"])
+    for key in core.state_keys:
+        torch.testing.assert_close(segments["next", key][exact], reference["next", key][exact])
+        assert not segments["next", key][~exact].any()
+    for name, grad in reference_grads.items():
+        torch.testing.assert_close(segment_grads[name], grad, msg=name)
+
+
+def test_recurrent_impl_is_checked() -> None:
+    with pytest.raises(ValueError, match="recurrent_impl must be one of 'segments', 'steps'"):
+        ConvLSTMModule(25 * 26, recurrent_impl="loop")
 
 
 @pytest.mark.parametrize("model", sorted(TINY))

@@ -11,9 +11,13 @@
 
   * **sequential** (collection): the entries are ``[*B, ...]``, one step is taken;
   * **recurrent** (losses): the entries are ``[*B, T, ...]``; the state at ``t = 0`` is read
-    from the data, the module steps through ``T`` and resets the rows whose ``is_init`` is
-    true at any ``t`` (several trajectories may be packed along ``T``). Outputs are
-    ``[*B, T, O]`` and the per-step new states ``[*B, T, *state]``.
+    from the data and the rows whose ``is_init`` is true at any ``t`` are reset there
+    (several trajectories may be packed along ``T``). Outputs are ``[*B, T, O]`` and the
+    per-step new states ``[*B, T, *state]``. Two implementations (``recurrent_impl``):
+    ``'segments'`` (default) cuts ``T`` at every time where some row starts an episode and
+    runs the core's sequence call once per segment; ``'steps'``, the reference, calls the
+    core one step at a time. Outputs and gradients agree (tested). Per-step states: see
+    :class:`RecurrentCoreModule`.
 
   The mode is ``torchrl.modules.recurrent_mode()`` when a ``set_recurrent_mode`` context is
   active, otherwise ``default_recurrent_mode``. :meth:`~RecurrentCoreModule.make_tensordict_primer`
@@ -47,6 +51,7 @@ from torchrl.modules import recurrent_mode
 from relmem.cores.rmc import RelationalMemory, RMCConfig
 from relmem.models.convlstm import ConvLSTMCore, same_padding
 from relmem.rl import keys
+from relmem.validation import check_choice
 
 __all__ = ["CellEncoder", "ConvLSTMModule", "RMCModule", "RecurrentCoreModule"]
 
@@ -110,6 +115,19 @@ class RecurrentCoreModule(TensorDictModuleBase):
         state_keys: one key per tensor of the state, in the state's order (default: a named
             tuple's field names, else ``state_0``, ``state_1``, ...).
         default_recurrent_mode: the mode outside a ``set_recurrent_mode`` context.
+        recurrent_impl: ``'segments'`` (default): recurrent mode cuts ``T`` at the distinct
+            times ``t > 0`` where any row has ``is_init`` and runs the core's sequence call
+            over each segment, from the initial state for the rows that start an episode at
+            the segment's first step and from the carried state for the others; ``'steps'``:
+            the reference, one core call per step.
+
+    With ``'segments'`` the per-step states ``("next", key)`` are exact at every step when
+    :meth:`states_from_outputs` recovers them from the outputs (the RMC: its output is its
+    memory). Otherwise a sequence call returns only its final state, so they are exact at the
+    last step of every segment (the step before each reset, and ``t = T - 1``) and zero at the
+    other steps, as TorchRL's own ``LSTMModule`` writes them. TorchRL's losses and value
+    estimators read the state at ``t = 0`` only (``docs/rl.md`` §3.2); ``'steps'`` writes every
+    step's state for any core.
 
     Attributes:
         state_keys: the state's keys; ``state_shapes``: each one's per-example shape.
@@ -123,8 +141,12 @@ class RecurrentCoreModule(TensorDictModuleBase):
         output_key: str,
         state_keys: Sequence[str] | None = None,
         default_recurrent_mode: bool = False,
+        recurrent_impl: str = "segments",
     ) -> None:
         super().__init__()
+        self.recurrent_impl = check_choice(
+            "recurrent_impl", recurrent_impl, ("segments", "steps"), owner=type(self).__name__
+        )
         self.core = core
         leaves, self._spec = pytree.tree_flatten(core.initial_state(1))
         self._present = [i for i, leaf in enumerate(leaves) if leaf is not None]
@@ -162,6 +184,23 @@ class RecurrentCoreModule(TensorDictModuleBase):
         )
         return [leaves[i] for i in self._present]
 
+    def _reset(self, state: list[Tensor], is_init: Tensor) -> list[Tensor]:
+        """The state with the rows where ``is_init`` (``bool [B]``) replaced by the initial."""
+        initial = self.initial_state(is_init.shape[0], state[0].device)
+        return [
+            torch.where(is_init.view(-1, *([1] * (s.dim() - 1))), i.to(s.dtype), s)
+            for s, i in zip(state, initial, strict=True)
+        ]
+
+    def _run(self, x: Tensor, state: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
+        """The core's sequence call: ``x [B, T, *in]`` -> ``(outputs [B, T, O], final state)``."""
+        leaves: list[Any] = [None] * self._spec.num_leaves
+        for position, tensor in zip(self._present, state, strict=True):
+            leaves[position] = tensor
+        output, new_state = self.core(x, pytree.tree_unflatten(leaves, self._spec))
+        new_leaves = pytree.tree_leaves(new_state, is_leaf=lambda v: v is None)
+        return output, [new_leaves[i] for i in self._present]
+
     def step(self, x: Tensor, state: list[Tensor], is_init: Tensor) -> tuple[Tensor, list[Tensor]]:
         """One step of the core: reset where ``is_init`` (``bool [B]``), then run.
 
@@ -171,17 +210,64 @@ class RecurrentCoreModule(TensorDictModuleBase):
         Returns:
             ``(output [B, O], new state)``.
         """
-        initial = self.initial_state(x.shape[0], x.device)
-        state = [
-            torch.where(is_init.view(-1, *([1] * (s.dim() - 1))), i.to(s.dtype), s)
-            for s, i in zip(state, initial, strict=True)
-        ]
-        leaves: list[Any] = [None] * self._spec.num_leaves
-        for position, tensor in zip(self._present, state, strict=True):
-            leaves[position] = tensor
-        output, new_state = self.core(x.unsqueeze(1), pytree.tree_unflatten(leaves, self._spec))
-        new_leaves = pytree.tree_leaves(new_state, is_leaf=lambda v: v is None)
-        return output[:, 0], [new_leaves[i] for i in self._present]
+        output, new_state = self._run(x.unsqueeze(1), self._reset(state, is_init))
+        return output[:, 0], new_state
+
+    def states_from_outputs(self, outputs: Tensor) -> list[Tensor] | None:
+        """The per-step states ``[B, T, *shape]`` of a sequence call, recovered from its
+        outputs ``[B, T, O]``; None when the outputs do not determine them (the default)."""
+        return None
+
+    def run_steps(
+        self, x: Tensor, state: list[Tensor], starts: Tensor
+    ) -> tuple[Tensor, list[Tensor]]:
+        """Recurrent mode, the reference: one :meth:`step` per time step.
+
+        Args:
+            x: ``[B, T, *in]``; state: the state at ``t = 0`` (before any reset), ``[B, ...]``;
+            starts: ``bool [B, T]`` where an episode starts (``is_init``).
+
+        Returns:
+            ``(outputs [B, T, O], per-step new states [B, T, *shape])``.
+        """
+        outputs, per_step = [], []
+        for t in range(x.shape[1]):
+            output, state = self.step(x[:, t], state, starts[:, t])
+            outputs.append(output)
+            per_step.append(state)
+        stacked = [torch.stack(s, 1) for s in zip(*per_step, strict=True)]
+        return torch.stack(outputs, 1), stacked
+
+    def run_segments(
+        self, x: Tensor, state: list[Tensor], starts: Tensor
+    ) -> tuple[Tensor, list[Tensor]]:
+        """Recurrent mode over segments: one sequence call between consecutive reset times.
+
+        Same arguments and returns as :meth:`run_steps`; the per-step states are exact where
+        :class:`RecurrentCoreModule` says.
+        """
+        steps = x.shape[1]
+        cuts = starts[:, 1:].any(0).nonzero().flatten().add(1).tolist()
+        bounds = list(zip([0, *cuts], [*cuts, steps], strict=True))
+        # split, not slicing: each slice's backward would zero-fill a [B, T, ...] gradient
+        pieces = x.split([end - begin for begin, end in bounds], dim=1)
+        outputs, per_step = [], []
+        for (begin, end), piece in zip(bounds, pieces, strict=True):
+            output, state = self._run(piece, self._reset(state, starts[:, begin]))
+            outputs.append(output)
+            recovered = self.states_from_outputs(output)
+            if recovered is None:  # exact at the segment's last step only
+                recovered = [
+                    torch.cat(
+                        [s.new_zeros(s.shape[0], end - begin - 1, *s.shape[1:]), s[:, None]], 1
+                    )
+                    for s in state
+                ]
+            per_step.append(recovered)
+        if len(outputs) == 1:
+            return outputs[0], per_step[0]
+        stacked = [torch.cat(s, 1) for s in zip(*per_step, strict=True)]
+        return torch.cat(outputs, 1), stacked
 
     def _get(self, tensordict: TensorDictBase, key: str) -> Tensor:
         value = tensordict.get(key, None)
@@ -220,14 +306,11 @@ class RecurrentCoreModule(TensorDictModuleBase):
             s.reshape(-1, steps, *shape)[:, 0]
             for s, shape in zip(states, self.state_shapes, strict=True)
         ]
-        outputs, per_step = [], []
-        for t in range(steps):
-            output, state = self.step(rows[:, t], state, starts[:, t])
-            outputs.append(output)
-            per_step.append(state)
-        tensordict.set(self.output_key, torch.stack(outputs, 1).reshape(*batch, steps, -1))
-        for index, (key, shape) in enumerate(zip(self.state_keys, self.state_shapes, strict=True)):
-            stacked = torch.stack([s[index] for s in per_step], 1)
+        run = self.run_segments if self.recurrent_impl == "segments" else self.run_steps
+        outputs, per_step = run(rows, state, starts)
+        tensordict.set(self.output_key, outputs.reshape(*batch, steps, -1))
+        pairs = zip(self.state_keys, self.state_shapes, per_step, strict=True)
+        for key, shape, stacked in pairs:
             tensordict.set(("next", key), stacked.reshape(*batch, steps, *shape))
         return tensordict
 
@@ -240,7 +323,8 @@ class RMCModule(RecurrentCoreModule):
             ``input_rows`` set for matrix input ``[*B, n, F]``).
         input_key, output_key, memory_key: the entries read and written; the output is the
             flattened new memory ``[*B, N·M]``, the state ``memory_key`` ``[*B, N, M]``.
-        default_recurrent_mode: as :class:`RecurrentCoreModule`.
+        default_recurrent_mode, recurrent_impl: as :class:`RecurrentCoreModule`; with
+            ``'segments'`` every per-step memory is exact: it is the step's output.
     """
 
     def __init__(
@@ -251,6 +335,7 @@ class RMCModule(RecurrentCoreModule):
         output_key: str = "core_output",
         memory_key: str = "memory",
         default_recurrent_mode: bool = False,
+        recurrent_impl: str = "segments",
     ) -> None:
         core = RelationalMemory.from_config(config, batch_first=True)
         super().__init__(
@@ -259,7 +344,13 @@ class RMCModule(RecurrentCoreModule):
             output_key=output_key,
             state_keys=[memory_key],
             default_recurrent_mode=default_recurrent_mode,
+            recurrent_impl=recurrent_impl,
         )
+
+    def states_from_outputs(self, outputs: Tensor) -> list[Tensor]:
+        """The memory after each step, ``[B, T, N, M]``: without an output gate (the only
+        configuration with one state key) the RMC's output is its new memory flattened."""
+        return [outputs.unflatten(-1, self.state_shapes[0])]
 
 
 class ConvLSTMModule(RecurrentCoreModule):
@@ -269,7 +360,8 @@ class ConvLSTMModule(RecurrentCoreModule):
 
     Args:
         input_size, channels, kernel_size, height, width: as :class:`ConvLSTMCore`.
-        input_key, output_key, default_recurrent_mode: as :class:`RecurrentCoreModule`.
+        input_key, output_key, default_recurrent_mode, recurrent_impl: as
+            :class:`RecurrentCoreModule`.
     """
 
     def __init__(
@@ -283,6 +375,7 @@ class ConvLSTMModule(RecurrentCoreModule):
         input_key: str = "embedding",
         output_key: str = "core_output",
         default_recurrent_mode: bool = False,
+        recurrent_impl: str = "segments",
     ) -> None:
         core = ConvLSTMCore(input_size, channels, kernel_size, height, width)
         super().__init__(
@@ -290,4 +383,5 @@ class ConvLSTMModule(RecurrentCoreModule):
             input_key=input_key,
             output_key=output_key,
             default_recurrent_mode=default_recurrent_mode,
+            recurrent_impl=recurrent_impl,
         )

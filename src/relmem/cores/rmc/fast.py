@@ -14,9 +14,11 @@ Two entry points:
   E6 (``scaled_dot_product_attention``), E7 (N = n = 1: a two-key softmax is a sigmoid) and a
   single sigmoid over all gate columns with the four gate biases folded into one vector.
 - :func:`fast_sequence`, a whole sequence for ``RelationalMemory``. On top of the step's
-  equivalences it hoists all input-only work out of the time loop into one batched GEMM over
-  T·B rows: E1 (input projection), E2 (the input-gate term, with every gate bias folded in), E3
-  (block 1's input-row qkv + LayerNorm, and every block's with ``query_rows='memory'``). Lengths
+  equivalences it hoists all input-only work out of the time loop into batched GEMMs over
+  chunks of time steps (all T·B rows unless the hoisted rows would outgrow the cache,
+  :func:`hoist_chunk`): E1 (input projection), E2 (the input-gate term, with every gate bias
+  folded in), E3 (block 1's input-row qkv + LayerNorm, and every block's with
+  ``query_rows='memory'``). Lengths
   are applied once after the loop: outputs masked by one ``where``, the final state gathered
   from the stacked states at ``lengths - 1`` (E11/E12: the state of a finished example is never
   read again, so running it on is harmless). With grad mode on, an in-loop weight's gradient is
@@ -365,6 +367,34 @@ def _hoist(
     return _Hoisted(x, z_inputs, gate_x)
 
 
+HOIST_CHUNK_BYTES = 8 * 2**20
+
+
+def hoist_chunk(config: RMCConfig, rows: Tensor) -> int:
+    """Time steps per hoisting chunk in :func:`fast_sequence` (E1–E3 run once per chunk).
+
+    On a CPU, hoisting over all T·B rows at once makes ``[T, B, n, Q]`` intermediates; with
+    many input rows (matrix mode: the RL agent's one row per cell) they outgrow the cache and
+    the steps read their slices back from memory: a whole sequence ran slower than the same
+    steps fed in chunks of 1 to 5 (``docs/performance.md`` §4.5). A chunk holds at most
+    :data:`HOIST_CHUNK_BYTES` of hoisted rows. On a GPU (launch-bound) it is the whole
+    sequence.
+
+    Args:
+        config: the core. rows: ``[T, B, n, F]`` the sequence's input.
+
+    Returns:
+        A chunk length in ``1..T``.
+    """
+    steps, batch = rows.shape[0], rows.shape[1]
+    if rows.device.type != "cpu":
+        return steps
+    blocks = config.num_blocks if config.query_rows == "memory" else 1
+    width = config.mem_size + config.qkv_size * blocks  # x and the hoisted qkv rows
+    per_step = batch * config.num_input_rows * width * rows.element_size()
+    return max(1, min(steps, HOIST_CHUNK_BYTES // max(per_step, 1)))
+
+
 def deferral_pays(weight_shape: tuple[int, int], rows_per_step: int, device: torch.device) -> bool:
     """Whether E10 is expected to be faster for one in-loop weight (the ``'auto'`` rule).
 
@@ -482,7 +512,6 @@ def fast_sequence(
     """
     spec = _step_spec(config)
     step_weights = _step_weights(config, weights)
-    hoisted = _hoist(config, weights, step_weights, rows)
     # Autocast would hand the deferred linears mixed dtypes; E10 is for full-precision runs.
     autocast = torch.is_autocast_enabled(rows.device.type)
     # E10's bank is Python state that a backward fills: a graph being traced (torch.compile,
@@ -498,18 +527,20 @@ def fast_sequence(
             step_weights = _defer_weight_grads(step_weights)
     memory, hidden = state.memory, state.hidden
     memories, hiddens = [], []
-    # unbind, not indexing: the backward of x[t] would zero-fill a [T, ...] buffer per step
-    # (quadratic in T); unbind's backward stacks the T slices' gradients once.
-    steps = rows.shape[0]
-    xs = hoisted.x.unbind(0)
-    zs = [(None,) * steps if z is None else z.unbind(0) for z in hoisted.z_inputs]
-    gates = (None,) * steps if hoisted.gate_x is None else hoisted.gate_x.unbind(0)
-    for t in range(steps):
-        z_t = tuple(z[t] for z in zs)
-        memory, hidden = step_fn(spec, step_weights, memory, hidden, xs[t], z_t, gates[t])
-        memories.append(memory)
-        if hidden is not None:
-            hiddens.append(hidden)
+    # split and unbind, not indexing: the backward of x[t] would zero-fill a [T, ...] buffer
+    # per step (quadratic in T); theirs stack the slices' gradients once.
+    for chunk in rows.split(hoist_chunk(config, rows)):
+        hoisted = _hoist(config, weights, step_weights, chunk)
+        steps = chunk.shape[0]
+        xs = hoisted.x.unbind(0)
+        zs = [(None,) * steps if z is None else z.unbind(0) for z in hoisted.z_inputs]
+        gates = (None,) * steps if hoisted.gate_x is None else hoisted.gate_x.unbind(0)
+        for t in range(steps):
+            z_t = tuple(z[t] for z in zs)
+            memory, hidden = step_fn(spec, step_weights, memory, hidden, xs[t], z_t, gates[t])
+            memories.append(memory)
+            if hidden is not None:
+                hiddens.append(hidden)
     stacked_m = torch.stack(memories)  # [T, B, N, M]; E12: the outputs are these memories
     stacked_h = torch.stack(hiddens) if hiddens else None
     shown = stacked_m if stacked_h is None else stacked_h
