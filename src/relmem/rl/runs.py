@@ -6,18 +6,15 @@ entry names its own trainer) instead of the supervised model loader.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from relmem.models import count_parameters
 from relmem.tasks.registry import get_task
-from relmem.train import checkpoint as ckpt_io
 from relmem.train.config import TrainConfig
-from relmem.train.runs import MAX_PARAMETERS, load_run_config
+from relmem.train.runs import MAX_PARAMETERS, load_run_config, load_trained
 
 
 def is_rl_run(run_dir: Path) -> bool:
@@ -30,6 +27,12 @@ def is_rl_run(run_dir: Path) -> bool:
     """
     task_name, _ = load_run_config(run_dir)
     return get_task(task_name).trainer is not None
+
+
+def agent_of(config: TrainConfig, task: Any) -> nn.Module:
+    """The agent of ``config.model`` for the RL ``task`` (a :data:`~relmem.train.runs.
+    ModelBuilder`: the size check and the loaders build RL runs' models with it)."""
+    return task.agent(config.model, config.model_config())
 
 
 def load_agent(
@@ -50,24 +53,7 @@ def load_agent(
     Returns:
         ``(config, task_name, task, agent in eval mode, checkpoint directory)``.
     """
-    task_name, config = load_run_config(run_dir)
-    task = get_task(task_name).build(config.task)
-    with torch.device("meta"):
-        count = count_parameters(task.agent(config.model, config.model_config()))
-    if count > max_parameters:
-        raise ValueError(
-            f"model {config.model!r} as configured has {count:,} parameters, more than "
-            f"--max-parameters {max_parameters:,}; pass a larger --max-parameters to build it"
-        )
-    if checkpoint is None:
-        ckpt, note = ckpt_io.newest_intact(run_dir)
-        if note:
-            print(f"relmem: warning: {note}", file=sys.stderr)
-    else:
-        ckpt = ckpt_io.resolve_checkpoint(checkpoint)
-    agent = task.agent(config.model, config.model_config()).to(device)
-    ckpt_io.load_weights(ckpt, agent, device, verified=checkpoint is None)
-    return config, task_name, task, agent.eval(), ckpt
+    return load_trained(run_dir, checkpoint, device, max_parameters, build=agent_of)
 
 
 def plot_curves(records: list[dict[str, Any]], path: Path, title: str, solvable: bool) -> None:

@@ -22,12 +22,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from relmem.models import count_parameters
 from relmem.rl.game_task import LOSSES
 from relmem.rl.learners import make_update
+from relmem.rl.runs import agent_of
 from relmem.tasks.base import Measure
 from relmem.train.config import TrainConfig
 from relmem.train.distributed import DistInfo
+from relmem.train.runs import check_model_size
 from relmem.train.trainer import StepOutcome, Trainer, TrainingDiverged
 
 
@@ -59,19 +60,13 @@ class RLTrainer(Trainer):
         super().__init__(config, task_name, info, device, argv, max_parameters)
 
     def check_size(self, max_parameters: int) -> None:
-        with torch.device("meta"):
-            count = count_parameters(self.task.agent(self.config.model, self.config.model_config()))
-        if count > max_parameters:
-            raise ValueError(
-                f"model {self.config.model!r} as configured has {count:,} parameters, more "
-                f"than --max-parameters {max_parameters:,}; pass a larger --max-parameters"
-            )
+        check_model_size(self.config, self.task, max_parameters, agent_of)
 
     def build_model(self) -> nn.Module:
         """The agent, its environments and collector, and its update."""
         config = self.config
         torch.manual_seed(config.seed)
-        agent = self.task.agent(config.model, config.model_config()).to(self.device)
+        agent = agent_of(config, self.task).to(self.device)
         self.task.start(agent, config.batch_size, config.seed)
         self.update = make_update(agent, self.task.config)
         return agent

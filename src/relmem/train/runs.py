@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import sys
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -33,15 +34,27 @@ from relmem.train.distributed import DistInfo
 MAX_PARAMETERS = 2**28
 
 
-def check_model_size(config: TrainConfig, task: Task, max_parameters: int = MAX_PARAMETERS) -> int:
+ModelBuilder = Callable[[TrainConfig, Task], nn.Module]
+
+
+def check_model_size(
+    config: TrainConfig,
+    task: Task,
+    max_parameters: int = MAX_PARAMETERS,
+    build: ModelBuilder | None = None,
+) -> int:
     """The parameter count of ``config``'s model for ``task``, counted on the ``meta`` device
     (nothing is allocated).
+
+    Args:
+        build: ``build(config, task) -> model`` (None: :func:`build_model`; an RL task's agent
+            builder otherwise).
 
     Raises:
         ValueError: more than ``max_parameters`` (the message names ``--max-parameters``).
     """
     with torch.device("meta"):
-        model = models.build_model(config.model, config.model_config(), config.head, task.spec)
+        model = (build or build_model)(config, task)
     count = models.count_parameters(model)
     if count > max_parameters:
         raise ValueError(
@@ -176,6 +189,7 @@ def load_trained(
     checkpoint: Path | None = None,
     device: torch.device | str = "cpu",
     max_parameters: int = MAX_PARAMETERS,
+    build: ModelBuilder | None = None,
 ) -> tuple[TrainConfig, str, Task, nn.Module, Path]:
     """Rebuild a run's task and model and load a checkpoint's weights.
 
@@ -185,19 +199,21 @@ def load_trained(
             missing or bad or its weights damaged, the newest intact one (named on stderr).
         device: where to put the model.
         max_parameters: refuse a model larger than this (:func:`check_model_size`).
+        build: ``build(config, task) -> model`` (None: :func:`build_model`; an RL run's agent
+            builder otherwise).
 
     Returns:
         ``(config, task_name, task, model in eval mode, checkpoint directory)``.
     """
     task_name, config = load_run_config(run_dir)
     task = get_task(task_name).build(config.task)
-    check_model_size(config, task, max_parameters)
+    check_model_size(config, task, max_parameters, build)
     if checkpoint is None:
         ckpt, note = ckpt_io.newest_intact(run_dir)
         if note:
             print(f"relmem: warning: {note}", file=sys.stderr)
     else:
         ckpt = ckpt_io.resolve_checkpoint(checkpoint)
-    model = build_model(config, task).to(device)
+    model = (build or build_model)(config, task).to(device)
     ckpt_io.load_weights(ckpt, model, device, verified=checkpoint is None)  # newest_intact's
     return config, task_name, task, model.eval(), ckpt
