@@ -113,12 +113,7 @@ def main(argv: list[str]) -> int:
         **({} if breakdown is None else {"breakdown": breakdown}),
         **({"more_held_out": more} if more else {}),
     }
-    try:
-        out.write_text(json.dumps(record, indent=2) + "\n")
-    except OSError as exc:
-        return _error(f"--json-out {out}: {exc.strerror or exc}")
-    print(f"written {out}")
-    return 0
+    return _write_record(out, record)
 
 
 def _evaluate_rl(args: EvalArgs) -> int:
@@ -155,6 +150,11 @@ def _evaluate_rl(args: EvalArgs) -> int:
         "eval_seed": config.task.eval_seed,
         **results,
     }
+    return _write_record(out, record)
+
+
+def _write_record(out: Path, record: dict) -> int:
+    """Write ``record`` as JSON to ``out`` (``--json-out``); the command's exit status."""
     try:
         out.write_text(json.dumps(record, indent=2) + "\n")
     except OSError as exc:
