@@ -1,8 +1,10 @@
 """A small stand-in game for training tests that must take seconds, with the interface of
 ``relmem.rl.envs.torchrl_env.make_env``.
 
-- :class:`Reach`: a ``BatchedEnv`` on an n x n board: the agent (white) walks to a goal
-  (yellow) placed at random; reaching it pays +10 and terminates, ``max_steps`` truncates.
+- :class:`Reach`: a ``BatchedEnv`` on an n x n board: the agent walks to a goal placed at
+  random; reaching it pays +10 and terminates, ``max_steps`` truncates. The observation is
+  egocentric, as viewport BoxWorld's: a (2n-1) x (2n-1) window centred on the agent (white)
+  showing the goal (yellow), so that a few thousand frames teach the way to the goal.
 - :func:`make_reach_env`: it as a TorchRL environment with ``InitTracker``.
 """
 
@@ -28,7 +30,7 @@ class Reach(BatchedEnv):
         self, batch_size: int, seed: int | None = None, *, size: int = 3, max_steps: int = 12
     ) -> None:
         self.size, self.max_steps = size, max_steps
-        self.observation_shape = (size, size, 3)
+        self.observation_shape = (2 * size - 1, 2 * size - 1, 3)
         self.agent = np.zeros((batch_size, 2), dtype=np.int64)
         self.goal = np.zeros((batch_size, 2), dtype=np.int64)
         self.steps = np.zeros(batch_size, dtype=np.int64)
@@ -37,10 +39,11 @@ class Reach(BatchedEnv):
         super().__init__(batch_size, seed)
 
     def _observe(self) -> np.ndarray:
-        obs = np.zeros((self.batch_size, self.size, self.size, 3), dtype=np.uint8)
-        rows = np.arange(self.batch_size)
-        obs[rows, self.goal[:, 0], self.goal[:, 1]] = (255, 255, 0)
-        obs[rows, self.agent[:, 0], self.agent[:, 1]] = (255, 255, 255)
+        obs = np.zeros((self.batch_size, *self.observation_shape), dtype=np.uint8)
+        rows, centre = np.arange(self.batch_size), self.size - 1
+        offset = self.goal - self.agent + centre
+        obs[rows, offset[:, 0], offset[:, 1]] = (255, 255, 0)
+        obs[:, centre, centre] = (255, 255, 255)
         return obs
 
     def reset(self, mask: np.ndarray | None = None) -> np.ndarray:

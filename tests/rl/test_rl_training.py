@@ -69,16 +69,17 @@ def records(run_dir: Path) -> list[dict]:
 
 
 def test_ppo_return_rises(reach_task, tmp_path: Path) -> None:
-    result = run(reach_config(tmp_path, steps=50), "reach")
+    """From the random policy's solve rate to nearly every held-out level in 4,800 frames."""
+    result = run(reach_config(tmp_path, steps=30, eval_every=30), "reach")
     assert result.status == "completed"
     train = [r for r in records(result.run_dir) if "train/return" in r]
     first, last = train[0]["train/solved"], train[-1]["train/solved"]
-    assert last > first + 0.15, (first, last)
+    assert first < 0.7 and last > first + 0.15, (first, last)
     evals = [r["eval/solved"] for r in records(result.run_dir) if "eval/solved" in r]
-    assert evals[-1] > evals[0] + 0.1, evals  # the same 64 held-out levels each time
+    assert evals[-1] >= 0.9, evals  # 64 held-out levels
     for key in ("train/return", "train/length", "train/loss_critic", "perf/frames_per_s"):
         assert key in train[-1]
-    assert result.summary["frames_seen"] == 50 * 16 * 10
+    assert result.summary["frames_seen"] == 30 * 16 * 10
     assert result.summary["held_out_solved"] == evals[-1]
 
 

@@ -4,7 +4,13 @@ Both are TorchRL's losses and value estimators, run in recurrent mode
 (``torchrl.modules.set_recurrent_mode(True)``): the agent's cores read the whole ``[B, T]``
 batch, start from the recurrent state stored at ``t = 0`` and reset rows at every ``is_init``.
 
-- :class:`PPOUpdate`: ``GAE(..., deactivate_vmap=True)`` advantages on the collected batch,
+The value estimators are given their values, not the value network: :func:`write_values`
+computes ``state_value`` and the bootstrap values ``("next", "state_value")``, each from the
+recurrent state the agent really had (TorchRL's own second pass over ``td["next"]`` runs the
+core over the next observations as one sequence, which is not the agent's trajectory across an
+episode's end, and reads the per-step states a sequence call does not keep).
+
+- :class:`PPOUpdate`: ``GAE`` advantages on the collected batch,
   then ``epochs`` passes of ``ClipPPOLoss`` over ``minibatches`` groups of whole trajectories.
 - :class:`VTraceUpdate`: ``VTrace`` targets (rho-bar = c-bar = 1) and one ``A2CLoss`` step,
   as TorchRL's ``sota-implementations/impala`` does.
@@ -25,10 +31,44 @@ from torchrl.modules import set_recurrent_mode
 from torchrl.objectives import A2CLoss, ClipPPOLoss
 from torchrl.objectives.value import GAE, VTrace
 
+from relmem.rl import keys
 from relmem.rl.config import LearnerConfig
 
 Apply = Callable[[Tensor], None]
 LOSS_TERMS = ("loss_objective", "loss_critic", "loss_entropy")
+
+
+def write_values(agent: nn.Module, batch: TensorDictBase) -> None:
+    """Write ``state_value`` and ``("next", "state_value")`` (``[B, T, 1]``) into ``batch``.
+
+    ``state_value[:, t]`` comes from one recurrent-mode pass of ``agent.value`` over ``batch``
+    (from the state stored at ``t = 0``, reset at every ``is_init``). The bootstrap value of
+    step ``t`` is ``state_value[:, t + 1]`` inside an episode; where step ``t`` ends the
+    episode or the batch (``("next", "done")``, ``t = T - 1``) it is the value of
+    ``("next", "observation")[:, t]`` read from the state after step ``t`` (the last step of
+    one of the recurrent pass's segments, where its per-step state is exact,
+    :class:`~relmem.rl.modules.RecurrentCoreModule`). A terminated step's bootstrap value is
+    computed too, and the estimators ignore it.
+
+    Args:
+        agent: has ``value`` and ``state_keys``.
+        batch: collected ``[B, T]``; updated in place.
+    """
+    value_keys = [k for k in agent.value.in_keys if k not in (keys.STATE_VALUE,)]
+    with set_recurrent_mode(True):
+        current = agent.value(batch.select(*value_keys))
+    value = current.get(keys.STATE_VALUE)  # [B, T, 1]
+    after = batch.get("next").select(keys.OBSERVATION)
+    for key in agent.state_keys:
+        after.set(key, current.get(("next", key)))
+    after.set(keys.IS_INIT, torch.zeros_like(batch.get(keys.IS_INIT)))
+    with set_recurrent_mode(False):
+        bootstrap = agent.value(after).get(keys.STATE_VALUE)  # [B, T, 1]
+    ends = batch.get(("next", keys.DONE)).clone()
+    ends[:, -1] = True
+    following = torch.cat([value[:, 1:], value[:, -1:]], dim=1)
+    batch.set(keys.STATE_VALUE, value)
+    batch.set(("next", keys.STATE_VALUE), torch.where(ends, bootstrap, following))
 
 
 def total_loss(terms: TensorDictBase) -> Tensor:
@@ -55,12 +95,8 @@ class PPOUpdate:
             loss_critic_type="l2",
             normalize_advantage=config.normalize_advantage,
         )
-        self.advantage = GAE(
-            gamma=config.gamma,
-            lmbda=config.lmbda,
-            value_network=agent.value,
-            deactivate_vmap=True,
-        )
+        self.agent = agent
+        self.advantage = GAE(gamma=config.gamma, lmbda=config.lmbda, value_network=None)
 
     def __call__(self, batch: TensorDictBase, apply: Apply) -> dict[str, float]:
         """Update on ``batch [B, T]``; the mean loss terms."""
@@ -69,6 +105,7 @@ class PPOUpdate:
         updates = 0
         with set_recurrent_mode(True):
             with torch.no_grad():
+                write_values(self.agent, batch)
                 self.advantage(batch)
             for _ in range(c.epochs):
                 for part in batch.chunk(c.minibatches, dim=0):
@@ -96,21 +133,20 @@ class VTraceUpdate:
             critic_coeff=config.critic_coeff,
             loss_critic_type="l2",
         )
+        self.agent = agent
         self.advantage = VTrace(
             gamma=config.gamma,
             actor_network=agent.policy,
-            value_network=agent.value,
+            value_network=None,
             rho_thresh=1.0,
             c_thresh=1.0,
         )
-        # VTrace's constructor has no deactivate_vmap argument; the value estimators' base
-        # class reads this attribute (a recurrent core's per-trajectory reset cannot be vmapped)
-        self.advantage.deactivate_vmap = True
 
     def __call__(self, batch: TensorDictBase, apply: Apply) -> dict[str, float]:
         """One update on ``batch [B, T]``; its loss terms."""
         with set_recurrent_mode(True):
             with torch.no_grad():
+                write_values(self.agent, batch)
                 self.advantage(batch)
             terms = self.loss(batch)
             apply(total_loss(terms))

@@ -25,10 +25,8 @@
   has ``is_init`` set). A missing state entry is an error, not zeros: a policy run without its
   primer would otherwise silently lose its memory (pytorch/rl issue 2362).
   On collected data, sequential mode over ``[B, T]`` entries computes every step from the
-  state stored with it (no gradient through time). Note that TorchRL's value estimators
-  (``GAE``, ``VTrace``, unshifted) mark ``("next", "is_init")`` wherever ``is_init`` is set
-  before calling the value network on ``td["next"]``, so there the next value is computed from
-  the initial state rather than from ``("next", state)``.
+  state stored with it (no gradient through time). The learners compute the values their
+  estimators read themselves (:func:`relmem.rl.learners.write_values`).
 - :class:`RMCModule` and :class:`ConvLSTMModule`: the module over the RMC (matrix input, state
   key ``memory`` ``[N, M]``) and over the ConvLSTM (state keys ``h``, ``c`` ``[C, H, W]``).
 """
