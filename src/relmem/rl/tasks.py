@@ -70,19 +70,22 @@ def _paper(task: Any, steps: int) -> TrainConfig:
 
 
 def _cpu(task: Any) -> TrainConfig:
-    task.epochs, task.minibatches = 2, 2
+    # PPO settings that take viewport BoxWorld's one-box levels from the random policy's 35%
+    # to 98% solved in about 200K frames (benchmarks/results/rl/cpu_presets.md)
+    task.unroll, task.epochs, task.minibatches = 40, 4, 4
+    task.normalize_advantage = True
     return TrainConfig(
         task=task,
         model="rmc",
         rmc=RMCModelConfig(mem_slots=2, head_size=32, num_heads=2, gate_style="memory"),
         lstm=LSTMModelConfig(hidden_size=128),
-        optim=OptimConfig(lr=1e-3, grad_clip=40.0),
+        optim=OptimConfig(lr=5e-4, grad_clip=40.0),
         steps=100_000,
-        batch_size=32,
+        batch_size=64,
         time_limit_min=20.0,
-        eval_every=100,
-        log_every=10,
-        checkpoint_every=100,
+        eval_every=50,
+        log_every=5,
+        checkpoint_every=50,
         cpu_threads=1,
         device="cpu",
     )
@@ -93,9 +96,10 @@ def boxworld_cpu() -> TrainConfig:
     """The default: small full-observation levels that a 2-core CPU learns in 20 minutes.
 
     ``grid_size=6``, one or two boxes on the path (``solution_length=(1, 2)``), zero or one
-    distractor branch; PPO on 32 environments x 20 steps, 2 epochs of 2 minibatches, entropy
-    0.01, Adam 1e-3, clip 40; a small RMC (2 memories x 2 heads x 32) or ``--model lstm``
-    (128 units); one CPU thread; a 20-minute limit; 200 held-out levels at each evaluation.
+    distractor branch (on this grid only one-box levels fit, ``docs/rl.md`` §1.3); PPO on 64
+    environments x 40 steps, 4 epochs of 4 minibatches, normalised advantages, entropy 0.01,
+    Adam 5e-4, clip 40; a small RMC (2 memories x 2 heads x 32) or ``--model lstm`` (128
+    units); one CPU thread; a 20-minute limit; 200 held-out levels at each evaluation.
     """
     task = BoxWorldConfig(
         grid_size=6,
@@ -127,7 +131,7 @@ def boxworld_paper() -> TrainConfig:
 
 @register_preset("minipacman", "cpu", default=True)
 def minipacman_cpu() -> TrainConfig:
-    """The default: Mini PacMan ``regular``, full observation, PPO on 32 environments x 20
+    """The default: Mini PacMan ``regular``, full observation, PPO on 64 environments x 40
     steps (the BoxWorld ``cpu`` preset's learner and cores), 20 minutes on one CPU thread."""
     return _cpu(MiniPacmanConfig(task="regular", observation="full", eval_episodes=100))
 
