@@ -4,7 +4,7 @@ metrics and bad arguments, on a small stand-in game (``rl_standins``)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from relmem.models import LSTMModelConfig
 from relmem.rl.config import LearnerConfig
 from relmem.rl.game_task import GameTask
-from relmem.rl.tasks import rl_trainer
+from relmem.rl.tasks import boxworld_cpu, rl_trainer
 from relmem.tasks.registry import registered
 from relmem.train.checkpoint import load_train_state
 from relmem.train.config import OptimConfig, TrainConfig
@@ -152,3 +152,26 @@ def test_impala_with_collector_processes(reach_task, tmp_path: Path) -> None:
     # asynchronous collection is not replayable: nothing of it is saved
     state = load_train_state(result.run_dir / "checkpoints/step-00000003")
     assert state["task_state"] == {}
+
+
+@pytest.mark.slow
+def test_ppo_learns_one_box_viewport_boxworld(tmp_path: Path) -> None:
+    """The issue's end-to-end check on the real game: the ``cpu`` preset's learner takes
+    viewport BoxWorld's one-box levels (n = 6) from the random policy's 35% to most held-out
+    levels solved in 48 steps (123K frames; a few minutes on one thread)."""
+    preset = boxworld_cpu()
+    config = replace(
+        preset,
+        task=replace(preset.task, observation="viewport"),
+        model="lstm",
+        lstm=LSTMModelConfig(hidden_size=64),
+        steps=48,
+        eval_every=48,
+        time_limit_min=None,
+        out_dir=tmp_path,
+        run_name="boxworld",
+        tensorboard=False,
+    )
+    result = run(config, "boxworld")
+    assert result.status == "completed"
+    assert result.summary["held_out_solved"] >= 0.7, result.summary
