@@ -101,19 +101,14 @@ def main(argv: list[str]) -> int:
         print(f"by {task.group_name}{where}:")
     for group, value in sorted(groups.items()):
         print(f"  {task.group_label(group):28s} {metric.format(value):>8s}")
-    out = args.json_out or Path(args.run_dir) / "eval.json"
-    record = {
-        "task": task_name,
-        "model": config.model,
-        "checkpoint": str(ckpt),
-        "step": step,
+    fields = {
         "metric": metric.name,
         "group_name": task.group_name,
         **result,
         **({} if breakdown is None else {"breakdown": breakdown}),
         **({"more_held_out": more} if more else {}),
     }
-    return _write_record(out, record)
+    return _write_record(args, task_name, config.model, ckpt, step, fields)
 
 
 def _evaluate_rl(args: EvalArgs) -> int:
@@ -140,21 +135,23 @@ def _evaluate_rl(args: EvalArgs) -> int:
             f"  {who:7s} {solved}return {r['return']:.3f} +- {r['return_se']:.3f} (s.e.), "
             f"length {r['length']:.1f}"
         )
+    fields = {"episodes": args.episodes, "eval_seed": config.task.eval_seed, **results}
+    return _write_record(args, task_name, config.model, ckpt, step, fields)
+
+
+def _write_record(
+    args: EvalArgs, task_name: str, model: str, checkpoint: Path, step: int, fields: dict
+) -> int:
+    """Write the evaluation's record (task, model, checkpoint, step, then ``fields``) as JSON
+    to ``--json-out`` (default ``RUN_DIR/eval.json``); the command's exit status."""
     out = args.json_out or Path(args.run_dir) / "eval.json"
     record = {
         "task": task_name,
-        "model": config.model,
-        "checkpoint": str(ckpt),
+        "model": model,
+        "checkpoint": str(checkpoint),
         "step": step,
-        "episodes": args.episodes,
-        "eval_seed": config.task.eval_seed,
-        **results,
+        **fields,
     }
-    return _write_record(out, record)
-
-
-def _write_record(out: Path, record: dict) -> int:
-    """Write ``record`` as JSON to ``out`` (``--json-out``); the command's exit status."""
     try:
         out.write_text(json.dumps(record, indent=2) + "\n")
     except OSError as exc:
