@@ -27,10 +27,13 @@ TINY = {
 B, T = 4, 9
 
 
-def agent_and_env(model: str, seed: int = 0):
+def agent_and_env(model: str, seed: int = 0, truncate: bool = False):
+    """A tiny agent with ``model``'s core and B ``CounterEnv`` instances (episodes that
+    terminate, or are truncated) carrying its primer."""
     torch.manual_seed(seed)
     agent = build_agent(CounterEnv.observation_shape, CounterEnv.num_actions, model, TINY[model])
-    env = TransformedEnv(TorchRLBatchedEnv(CounterEnv(B, seed=seed)), InitTracker())
+    core = CounterEnv(B, seed=seed, truncate=truncate)
+    env = TransformedEnv(TorchRLBatchedEnv(core), InitTracker())
     env.append_transform(agent.make_tensordict_primer())
     return agent, env
 

@@ -7,32 +7,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from counter_env import CounterEnv
 from tensordict import TensorDict
+from test_agent import TINY, B, T, agent_and_env
 from torchrl.collectors import Collector
-from torchrl.envs import InitTracker, TransformedEnv
 from torchrl.modules import set_recurrent_mode
 
-from relmem.models import LSTMModelConfig, RMCModelConfig
 from relmem.rl import keys
-from relmem.rl.agent import build_agent
-from relmem.rl.envs.torchrl_env import TorchRLBatchedEnv
 from relmem.rl.learners import write_values
-
-TINY = {
-    "rmc": RMCModelConfig(mem_slots=2, head_size=4, num_heads=2, gate_style="memory"),
-    "lstm": LSTMModelConfig(hidden_size=8),
-}
-B, T = 4, 9
 
 
 def second_batch(model: str, truncate: bool):
     """An agent and its collector's second batch (its rows start mid-episode with a carried
     state; episodes of 2 to 4 steps end inside it)."""
-    torch.manual_seed(0)
-    agent = build_agent(CounterEnv.observation_shape, CounterEnv.num_actions, model, TINY[model])
-    env = TransformedEnv(TorchRLBatchedEnv(CounterEnv(B, seed=1, truncate=truncate)), InitTracker())
-    env.append_transform(agent.make_tensordict_primer())
+    agent, env = agent_and_env(model, truncate=truncate)
     collector = Collector(env, agent.policy, frames_per_batch=B * T, total_frames=2 * B * T)
     batches = list(collector)
     collector.shutdown()

@@ -54,9 +54,8 @@ def write_values(agent: nn.Module, batch: TensorDictBase) -> None:
         agent: has ``value`` and ``state_keys``.
         batch: collected ``[B, T]``; updated in place.
     """
-    value_keys = [k for k in agent.value.in_keys if k not in (keys.STATE_VALUE,)]
     with set_recurrent_mode(True):
-        current = agent.value(batch.select(*value_keys))
+        current = agent.value(batch.select(*agent.value.in_keys))
     value = current.get(keys.STATE_VALUE)  # [B, T, 1]
     after = batch.get("next").select(keys.OBSERVATION)
     for key in agent.state_keys:
