@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from relmem.tasks.base import Measure
 from relmem.tasks.nth_farthest import NthFarthest, NthFarthestConfig
 from relmem.tasks.registry import registered
 from relmem.train import checkpoint as ckpt_io
-from relmem.train.config import TrainConfig, config_from_dict, config_to_dict
+from relmem.train.config import OptimConfig, TrainConfig, config_from_dict, config_to_dict
 from relmem.train.loop import EXIT_DIVERGED, EXIT_SIGTERM, run
 from relmem.train.metrics import read_metrics
 from relmem.train.runs import load_run_config, load_trained
@@ -243,3 +244,21 @@ def test_paper_schedule() -> None:
     assert lr_multiplier(0, config) == 1.0
     assert lr_multiplier(10000, config) == pytest.approx(0.9)
     assert lr_multiplier(10**6, config) == pytest.approx(0.8)  # floor 8e-5 / 1e-4
+
+
+def test_cosine_schedule_and_warmup() -> None:
+    config = TrainConfig(task=NthFarthestConfig(), steps=1000)
+    config.optim = OptimConfig(lr=1e-3, min_lr=1e-4, schedule="cosine")
+    assert lr_multiplier(0, config) == 1.0
+    assert lr_multiplier(500, config) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert lr_multiplier(1000, config) == pytest.approx(0.1)
+    assert lr_multiplier(5000, config) == pytest.approx(0.1)  # a resume with more steps holds
+    config.optim.warmup_steps = 100
+    assert lr_multiplier(0, config) == pytest.approx(0.01)
+    assert lr_multiplier(49, config) == pytest.approx(
+        0.5 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.049)))
+    )
+    config.optim.schedule = "constant"
+    assert [lr_multiplier(s, config) for s in (0, 98, 99, 500)] == pytest.approx([0.01, 0.99, 1, 1])
+    with pytest.raises(ValueError, match="warmup_steps"):
+        OptimConfig(warmup_steps=-1)

@@ -39,14 +39,20 @@ class OptimConfig:
         alpha: RMSProp's decay of the mean square (0.99).
         momentum: RMSProp's momentum (0).
         weight_decay: L2 penalty added by the optimiser (0 in the paper).
-        schedule: 'constant' (default) or 'paper', the Sonnet example's continuous decay
-            ``max(lr * decay_rate ** (step / decay_steps), min_lr)`` (``docs/tasks.md`` §1.3).
-        decay_rate, decay_steps, min_lr: the 'paper' schedule's constants (0.9, 10000, 8e-5).
+        schedule: 'constant' (default); 'paper', the Sonnet example's continuous decay
+            ``max(lr * decay_rate ** (step / decay_steps), min_lr)`` (``docs/tasks.md`` §1.3);
+            'cosine', half a cosine from ``lr`` at step 0 to ``min_lr`` at the run's last step
+            (``steps``), ``min_lr + (lr - min_lr) * (1 + cos(pi * step / steps)) / 2``;
+            'plateau' (below).
+        decay_rate, decay_steps, min_lr: the 'paper' schedule's constants (0.9, 10000, 8e-5);
+            ``min_lr`` is also where 'cosine' ends.
             'plateau': the rate is multiplied by ``plateau_factor`` whenever the held-out loss
             has not improved (by a relative 1e-4) for more than ``plateau_patience``
             evaluations, as ``torch.optim.lr_scheduler.ReduceLROnPlateau`` does per epoch.
         plateau_factor, plateau_patience: the 'plateau' schedule's constants (0.5, 5).
         grad_clip: clip the global gradient norm to this value; None disables (paper).
+        warmup_steps: the rate rises linearly from ``lr / warmup_steps`` at the first step to
+            the schedule's rate at step ``warmup_steps``, for any schedule (0: no warm-up).
     """
 
     optimizer: Literal["adam", "rmsprop"] = "adam"
@@ -56,13 +62,14 @@ class OptimConfig:
     alpha: float = 0.99
     momentum: float = 0.0
     weight_decay: float = 0.0
-    schedule: Literal["constant", "paper", "plateau"] = "constant"
+    schedule: Literal["constant", "paper", "cosine", "plateau"] = "constant"
     decay_rate: float = 0.9
     decay_steps: int = 10000
     min_lr: float = 8e-5
     plateau_factor: float = 0.5
     plateau_patience: int = 5
     grad_clip: float | None = None
+    warmup_steps: int = 0
 
     def __post_init__(self) -> None:
         self.betas = (float(self.betas[0]), float(self.betas[1]))
@@ -71,10 +78,10 @@ class OptimConfig:
             if value is not None and math.isinf(value):
                 raise ValueError(f"optim.{name} must be finite, got {value}")
         check_positive("optim.", self, "lr", "eps", "grad_clip")
-        check_at_least("optim.", self, weight_decay=0, decay_steps=1, min_lr=0)
+        check_at_least("optim.", self, weight_decay=0, decay_steps=1, min_lr=0, warmup_steps=0)
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"optim.betas must lie in [0, 1), got {self.betas}")
-        check_choice("optim.schedule", self.schedule, ("constant", "paper", "plateau"))
+        check_choice("optim.schedule", self.schedule, ("constant", "paper", "cosine", "plateau"))
         check_choice("optim.optimizer", self.optimizer, ("adam", "rmsprop"))
         if not 0.0 <= self.alpha < 1.0:
             raise ValueError(f"optim.alpha must lie in [0, 1), got {self.alpha}")

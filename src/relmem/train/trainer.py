@@ -61,16 +61,25 @@ class TrainingDiverged(RuntimeError):
 
 
 def lr_multiplier(step: int, config: TrainConfig) -> float:
-    """The schedule's factor on ``optim.lr`` at ``step`` (1 for 'constant'; 'plateau' adds its
-    reductions on top, :meth:`Trainer.plateau`).
+    """The schedule's factor on ``optim.lr`` at ``step`` (0-based: the step about to be
+    taken), times the linear warm-up's; 'plateau' adds its reductions on top
+    (:meth:`Trainer.plateau`).
 
-    'paper': ``max(decay_rate ** (step / decay_steps), min_lr / lr)``, the Sonnet example's
-    continuous exponential decay with a floor (``docs/tasks.md`` §1.3).
+    - 'constant' and 'plateau': 1.
+    - 'paper': ``max(decay_rate ** (step / decay_steps), min_lr / lr)``, the Sonnet example's
+      continuous exponential decay with a floor (``docs/tasks.md`` §1.3).
+    - 'cosine': ``r + (1 - r) * (1 + cos(pi * step / steps)) / 2`` with ``r = min_lr / lr``.
+    - warm-up: ``min(1, (step + 1) / warmup_steps)`` when ``warmup_steps > 0``.
     """
     o = config.optim
+    warmup = min(1.0, (step + 1) / o.warmup_steps) if o.warmup_steps > 0 else 1.0
     if o.schedule in ("constant", "plateau"):
-        return 1.0
-    return max(o.decay_rate ** (step / o.decay_steps), o.min_lr / o.lr)
+        return warmup
+    floor = o.min_lr / o.lr
+    if o.schedule == "cosine":
+        progress = min(step / config.steps, 1.0)
+        return warmup * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+    return warmup * max(o.decay_rate ** (step / o.decay_steps), floor)
 
 
 def make_optimizer(parameters: Any, o: OptimConfig) -> torch.optim.Optimizer:
