@@ -118,9 +118,11 @@ class _RunConfig(Generic[TaskConfigT]):
         keep_checkpoints: how many complete checkpoints to keep (>= 2 keeps a fallback).
         device: 'auto' (cuda, then mps, then cpu), 'cpu', 'cuda' or 'mps'.
         cpu_threads: intra-op threads when training on the CPU (``torch.set_num_threads``);
-            None keeps PyTorch's default of one per core. Small recurrent models gain little
-            from a second thread and lose badly when another process holds a core: every one
-            of the step's many small parallel regions then waits for a descheduled thread.
+            None keeps PyTorch's default of one per core; 'auto' measures step times and uses
+            every core while that is faster than one thread, one thread otherwise
+            (:mod:`relmem.train.threads`; not bit-reproducible). A fixed count of more than
+            one loses badly when another process holds a core: every one of the step's many
+            small parallel regions then waits for a descheduled thread.
         bf16: bfloat16 autocast for the forward pass (CUDA only).
         deterministic: ``torch.use_deterministic_algorithms(True)``.
         out_dir: parent of new run directories.
@@ -143,7 +145,7 @@ class _RunConfig(Generic[TaskConfigT]):
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
-    cpu_threads: int | None = None
+    cpu_threads: int | Literal["auto"] | None = None
     bf16: bool = False
     deterministic: bool = False
     out_dir: Path = Path("runs")
@@ -158,7 +160,11 @@ class _RunConfig(Generic[TaskConfigT]):
         if self.model not in list_models():
             raise ValueError(f"model must be one of {', '.join(list_models())}; got {self.model!r}")
         counts = ("steps", "batch_size", "eval_every", "eval_batch", "log_every")
-        counts += ("checkpoint_every", "keep_checkpoints", "cpu_threads")
+        counts += ("checkpoint_every", "keep_checkpoints")
+        if isinstance(self.cpu_threads, str):
+            check_choice("cpu_threads", self.cpu_threads, ("auto",))
+        else:
+            counts += ("cpu_threads",)
         check_at_least("", self, **dict.fromkeys(counts, 1))
         check_positive("", self, "time_limit_min")
         check_choice("device", self.device, ("auto", "cpu", "cuda", "mps"))

@@ -21,6 +21,7 @@ import contextlib
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,6 +144,7 @@ def _train(trainer: Trainer) -> RunResult:
         unit="step",
     )
     status, exit_code = "completed", EXIT_OK
+    governor = trainer.thread_governor
     last_eval, last_eval_step = None, progress.step
     stop = _StopFlag()
     progress.start()
@@ -154,7 +156,12 @@ def _train(trainer: Trainer) -> RunResult:
                     config.time_limit_min is not None
                     and progress.session() > 60 * config.time_limit_min
                 )
+                if governor is not None:
+                    governor.before_step()
+                started = time.perf_counter()
                 outcome = trainer.step(stop.signum, time_up)
+                if governor is not None:
+                    governor.after_step(time.perf_counter() - started)
                 bar.update(1)
                 step, done = progress.step, progress.step >= config.steps
                 metrics: dict[str, float] = {}

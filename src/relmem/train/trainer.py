@@ -50,6 +50,7 @@ from relmem.train.runs import (
     record_invocation,
     write_json,
 )
+from relmem.train.threads import ThreadGovernor, usable_cores
 
 # Independent random streams, mixed with the seed and the step (relmem.tasks.base.derive_seed).
 STREAM_TRAIN = 1
@@ -193,7 +194,11 @@ class Trainer:
             )
         if config.deterministic:
             torch.use_deterministic_algorithms(True)
-        if device.type == "cpu" and config.cpu_threads is not None:
+        # --cpu-threads auto: the loop asks the governor before each step (train/threads.py)
+        self.thread_governor: ThreadGovernor | None = None
+        if device.type == "cpu" and config.cpu_threads == "auto":
+            self.thread_governor = ThreadGovernor(usable_cores())
+        elif device.type == "cpu" and config.cpu_threads is not None:
             torch.set_num_threads(config.cpu_threads)
         self.config, self.task_name, self.info, self.device = config, task_name, info, device
         self.per_rank = config.batch_size // info.world_size
@@ -374,7 +379,8 @@ class Trainer:
     def train_metrics(self) -> dict[str, float]:
         """``train/loss``, ``train/{metric}``, ``train/lr``, ``perf/sequences_per_s`` and
         ``perf/tokens_per_s`` (input time steps) since the last call (all ranks' sums over all
-        ranks' counts)."""
+        ranks' counts), and ``perf/cpu_threads`` (the count now in force) with
+        ``--cpu-threads auto``."""
         means = self.window.all_reduce(self.info).means()
         now = time.perf_counter()
         seconds = max(now - self.window_start, 1e-9)
@@ -383,7 +389,9 @@ class Trainer:
         self.window.reset()
         self.window_steps, self.window_start, self.window_tokens = 0, now, 0
         m = self.metric.name
-        return {
+        governor = self.thread_governor
+        threads = {} if governor is None else {"perf/cpu_threads": float(governor.threads)}
+        return threads | {
             "train/loss": means["loss"],
             f"train/{m}": means[m],
             **{f"train/{x.name}": means[x.name] for x in self.task.extra_metrics},

@@ -1,0 +1,117 @@
+"""``--cpu-threads auto``: every core while more threads pay, one thread when they do not.
+
+A small recurrent model's training step is a long chain of small ops. On an idle 2-core
+machine a second intra-op thread trains the Nth Farthest CPU preset about 1.3-1.5 times
+faster; but when another process holds one of the cores, every parallel region of the step
+waits for a descheduled thread and a two-thread step can take tens of times longer than a
+one-thread step (``docs/results.md``, Nth Farthest). No thread count is right on every
+machine, so :class:`ThreadGovernor` measures:
+
+1. **probe**: ``probe_steps`` steps with one thread, then ``probe_steps`` with every core; the
+   faster median step time wins. A many-thread probe step slower than ``slowdown`` times the
+   one-thread median ends that probe at once.
+2. **run**: train with the winner; a many-thread step slower than ``slowdown`` times the
+   probe's median (another process took a core) drops to one thread at once.
+3. every ``reprobe_every`` steps, probe again: the machine's load changes.
+
+The thread count changes the last bits of reductions and matrix products, so a run with
+``auto`` is not bit-reproducible (a fixed ``--cpu-threads N`` is). The probes cost about
+``probe_steps / reprobe_every`` of the steps at the slower setting.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Callable
+
+import torch
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS reports one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+class ThreadGovernor:
+    """Chooses the intra-op thread count step by step from measured step times.
+
+    Call :meth:`before_step` before each training step and :meth:`after_step` with its
+    duration after it. ``set_threads`` and ``max_threads`` are injectable for tests.
+
+    Args:
+        max_threads: the many-thread setting (the trainer passes :func:`usable_cores`).
+        probe_steps: steps timed per setting in a probe.
+        reprobe_every: steps between the starts of two probes.
+        slowdown: how many times the reference step time counts as contention.
+        set_threads: applies a thread count (default ``torch.set_num_threads``).
+    """
+
+    def __init__(
+        self,
+        max_threads: int,
+        probe_steps: int = 20,
+        reprobe_every: int = 1000,
+        slowdown: float = 3.0,
+        set_threads: Callable[[int], None] = torch.set_num_threads,
+    ) -> None:
+        if max_threads < 1 or probe_steps < 1 or reprobe_every <= 2 * probe_steps:
+            raise ValueError(
+                "ThreadGovernor needs max_threads >= 1, probe_steps >= 1 and reprobe_every > "
+                f"2 * probe_steps; got {max_threads}, {probe_steps}, {reprobe_every}"
+            )
+        self.max_threads, self.probe_steps = max_threads, probe_steps
+        self.reprobe_every, self.slowdown = reprobe_every, slowdown
+        self._set = set_threads
+        self.threads = 0  # the count in force (0: none set yet)
+        self._phase = "probe_one"
+        self._times: list[float] = []
+        self._one_median = float("inf")
+        self._reference = float("inf")  # the chosen setting's median step time
+        self._since_probe = 0
+        self.switches = 0  # how many times the count changed, for the run's record
+
+    def _use(self, threads: int) -> None:
+        if threads != self.threads:
+            self._set(threads)
+            self.switches += self.threads != 0
+            self.threads = threads
+
+    def before_step(self) -> None:
+        """Apply the thread count for the coming step."""
+        if self.max_threads == 1 or self._phase == "probe_one":
+            self._use(1)
+        elif self._phase == "probe_many":
+            self._use(self.max_threads)
+
+    def after_step(self, seconds: float) -> None:
+        """Record the step's wall time and decide the next step's thread count."""
+        if self.max_threads == 1:
+            return
+        self._since_probe += 1
+        if self._phase == "probe_one":
+            self._times.append(seconds)
+            if len(self._times) == self.probe_steps:
+                self._one_median = statistics.median(self._times)
+                self._phase, self._times = "probe_many", []
+        elif self._phase == "probe_many":
+            self._times.append(seconds)
+            if seconds > self.slowdown * self._one_median:  # contention: stop probing
+                self._choose(1, self._one_median)
+            elif len(self._times) == self.probe_steps:
+                many_median = statistics.median(self._times)
+                if many_median < self._one_median:
+                    self._choose(self.max_threads, many_median)
+                else:
+                    self._choose(1, self._one_median)
+        else:  # running
+            if self.threads > 1 and seconds > self.slowdown * self._reference:
+                self._choose(1, self._one_median)
+            elif self._since_probe >= self.reprobe_every:
+                self._phase, self._times, self._since_probe = "probe_one", [], 0
+
+    def _choose(self, threads: int, median: float) -> None:
+        self._phase, self._times, self._reference = "run", [], median
+        self._use(threads)
