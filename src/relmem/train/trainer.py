@@ -95,8 +95,18 @@ def make_optimizer(parameters: Any, o: OptimConfig) -> torch.optim.Optimizer:
             momentum=o.momentum,
             weight_decay=o.weight_decay,
         )
+    parameters = list(parameters)
+    # The fused kernel (one pass over each tensor instead of a dozen foreach ops) exists for
+    # floating-point tensors on the CPU and CUDA; it took the CPU preset's Adam step from
+    # 1.4 ms to 0.37 ms (docs/performance.md §4.6).
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in parameters)
     return torch.optim.Adam(
-        parameters, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
+        parameters,
+        lr=o.lr,
+        betas=o.betas,
+        eps=o.eps,
+        weight_decay=o.weight_decay,
+        fused=fused or None,
     )
 
 
