@@ -70,6 +70,14 @@ def test_contention_while_running_drops_to_one_thread_then_reprobes() -> None:
     assert g.switches >= 3
 
 
+def test_a_busy_machine_is_probed_ever_more_rarely() -> None:
+    machine = Machine(one=0.04, many=2.5)
+    g = governor(machine)
+    used = machine.drive(g, 800)
+    many = [step for step, threads in enumerate(used) if threads == 4]
+    assert many == [5, 105, 305, 705]  # one slow step per probe, at intervals 100, 200, 400
+
+
 def test_one_core_never_probes() -> None:
     applied: list[int] = []
     g = ThreadGovernor(1, probe_steps=5, reprobe_every=50, set_threads=applied.append)

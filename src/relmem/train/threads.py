@@ -12,7 +12,10 @@ machine, so :class:`ThreadGovernor` measures:
    one-thread median ends that probe at once.
 2. **run**: train with the winner; a many-thread step slower than ``slowdown`` times the
    probe's median (another process took a core) drops to one thread at once.
-3. every ``reprobe_every`` steps, probe again: the machine's load changes.
+3. every ``reprobe_every`` steps, probe again: the machine's load changes. Each probe that
+   ends in contention doubles the interval to the next (up to 16 times), so a machine that
+   stays busy pays for one slow step ever more rarely; a probe that many threads win resets
+   it.
 
 The thread count changes the last bits of reductions and matrix products, so a run with
 ``auto`` is not bit-reproducible (a fixed ``--cpu-threads N`` is). The probes cost about
@@ -71,6 +74,7 @@ class ThreadGovernor:
         self._one_median = float("inf")
         self._reference = float("inf")  # the chosen setting's median step time
         self._since_probe = 0
+        self._interval = reprobe_every  # steps to the next probe (doubles under contention)
         self.switches = 0  # how many times the count changed, for the run's record
 
     def _use(self, threads: int) -> None:
@@ -99,17 +103,19 @@ class ThreadGovernor:
         elif self._phase == "probe_many":
             self._times.append(seconds)
             if seconds > self.slowdown * self._one_median:  # contention: stop probing
+                self._interval = min(2 * self._interval, 16 * self.reprobe_every)
                 self._choose(1, self._one_median)
             elif len(self._times) == self.probe_steps:
                 many_median = statistics.median(self._times)
                 if many_median < self._one_median:
+                    self._interval = self.reprobe_every
                     self._choose(self.max_threads, many_median)
                 else:
                     self._choose(1, self._one_median)
         else:  # running
             if self.threads > 1 and seconds > self.slowdown * self._reference:
                 self._choose(1, self._one_median)
-            elif self._since_probe >= self.reprobe_every:
+            elif self._since_probe >= self._interval:
                 self._phase, self._times, self._since_probe = "probe_one", [], 0
 
     def _choose(self, threads: int, median: float) -> None:
