@@ -63,7 +63,7 @@ def test_contention_while_running_drops_to_one_thread_then_reprobes() -> None:
     assert machine.drive(g, 20)[-1] == 4
     machine.times[4] = 2.5  # a second process starts
     used = machine.drive(g, 30)
-    assert used[0] == 4 and used[1:] == [1] * 29  # one slow step, then one thread
+    assert used[:3] == [4] * 3 and used[3:] == [1] * 27  # three slow steps, then one thread
     machine.times[4] = 0.025  # it ends: the next probe (every 50 steps) finds out
     used = machine.drive(g, 60)
     assert used[-1] == 4
@@ -76,6 +76,17 @@ def test_a_busy_machine_is_probed_ever_more_rarely() -> None:
     used = machine.drive(g, 800)
     many = [step for step, threads in enumerate(used) if threads == 4]
     assert many == [5, 105, 305, 705]  # one slow step per probe, at intervals 100, 200, 400
+
+
+def test_a_single_slow_step_is_not_contention() -> None:
+    machine = Machine(one=0.04, many=0.025)
+    g = governor(machine)
+    machine.drive(g, 20)
+    for _ in range(5):  # a hiccup every other step: never three in a row
+        for seconds in (1.0, 0.025):
+            g.before_step()
+            g.after_step(seconds)
+    assert g.threads == 4 and g.switches == 1
 
 
 def test_one_core_never_probes() -> None:

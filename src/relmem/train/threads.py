@@ -10,8 +10,9 @@ machine, so :class:`ThreadGovernor` measures:
 1. **probe**: ``probe_steps`` steps with one thread, then ``probe_steps`` with every core; the
    faster median step time wins. A many-thread probe step slower than ``slowdown`` times the
    one-thread median ends that probe at once.
-2. **run**: train with the winner; a many-thread step slower than ``slowdown`` times the
-   probe's median (another process took a core) drops to one thread at once.
+2. **run**: train with the winner; ``patience`` consecutive many-thread steps slower than
+   ``slowdown`` times the probe's median (another process took a core) drop to one thread.
+   A single slow step (the OS ran something else for a moment) does not.
 3. every ``reprobe_every`` steps, probe again: the machine's load changes. Each probe that
    ends in contention doubles the interval to the next (up to 16 times), so a machine that
    stays busy pays for one slow step ever more rarely; a probe that many threads win resets
@@ -49,6 +50,7 @@ class ThreadGovernor:
         probe_steps: steps timed per setting in a probe.
         reprobe_every: steps between the starts of two probes.
         slowdown: how many times the reference step time counts as contention.
+        patience: consecutive slow steps that count as contention while running.
         set_threads: applies a thread count (default ``torch.set_num_threads``).
     """
 
@@ -58,15 +60,18 @@ class ThreadGovernor:
         probe_steps: int = 20,
         reprobe_every: int = 1000,
         slowdown: float = 3.0,
+        patience: int = 3,
         set_threads: Callable[[int], None] = torch.set_num_threads,
     ) -> None:
-        if max_threads < 1 or probe_steps < 1 or reprobe_every <= 2 * probe_steps:
+        if min(max_threads, probe_steps, patience) < 1 or reprobe_every <= 2 * probe_steps:
             raise ValueError(
-                "ThreadGovernor needs max_threads >= 1, probe_steps >= 1 and reprobe_every > "
-                f"2 * probe_steps; got {max_threads}, {probe_steps}, {reprobe_every}"
+                "ThreadGovernor needs max_threads, probe_steps and patience >= 1 and "
+                f"reprobe_every > 2 * probe_steps; got {max_threads}, {probe_steps}, "
+                f"{patience}, {reprobe_every}"
             )
         self.max_threads, self.probe_steps = max_threads, probe_steps
-        self.reprobe_every, self.slowdown = reprobe_every, slowdown
+        self.reprobe_every, self.slowdown, self.patience = reprobe_every, slowdown, patience
+        self._slow = 0  # consecutive slow many-thread steps while running
         self._set = set_threads
         self.threads = 0  # the count in force (0: none set yet)
         self._phase = "probe_one"
@@ -113,11 +118,13 @@ class ThreadGovernor:
                 else:
                     self._choose(1, self._one_median)
         else:  # running
-            if self.threads > 1 and seconds > self.slowdown * self._reference:
+            slow = self.threads > 1 and seconds > self.slowdown * self._reference
+            self._slow = self._slow + 1 if slow else 0
+            if self._slow >= self.patience:
                 self._choose(1, self._one_median)
             elif self._since_probe >= self._interval:
                 self._phase, self._times, self._since_probe = "probe_one", [], 0
 
     def _choose(self, threads: int, median: float) -> None:
-        self._phase, self._times, self._reference = "run", [], median
+        self._phase, self._times, self._reference, self._slow = "run", [], median, 0
         self._use(threads)
