@@ -21,13 +21,15 @@ class Machine:
     def set_threads(self, threads: int) -> None:
         self.applied.append(threads)
 
-    def drive(self, governor: ThreadGovernor, steps: int) -> list[int]:
-        """Run ``steps`` steps; return the thread count of each."""
+    def drive(self, governor: ThreadGovernor, steps: int, first: float = 0.0) -> list[int]:
+        """Run ``steps`` steps; return the thread count of each. The first step after a
+        change of thread count takes ``first`` seconds more."""
         used = []
         for _ in range(steps):
             governor.before_step()
+            changed = not used or used[-1] != governor.threads
             used.append(governor.threads)
-            governor.after_step(self.times[governor.threads])
+            governor.after_step(self.times[governor.threads] + (first if changed else 0.0))
         return used
 
 
@@ -39,22 +41,22 @@ def governor(machine: Machine, **kwargs) -> ThreadGovernor:
 def test_many_threads_win_on_a_free_machine() -> None:
     machine = Machine(one=0.04, many=0.025)
     g = governor(machine)
-    used = machine.drive(g, 50)
-    assert used[:5] == [1] * 5 and used[5:10] == [4] * 5  # probe one, then many
-    assert used[10:] == [4] * 40  # keeps the faster
+    used = machine.drive(g, 50, first=1.0)  # starting a thread pool takes a second
+    assert used[:6] == [1] * 6 and used[6:12] == [4] * 6  # probe one, then many (+1 untimed)
+    assert used[12:] == [4] * 38  # keeps the faster
     assert machine.applied == [1, 4]  # the count is applied only when it changes
 
 
 def test_one_thread_wins_when_many_are_slower() -> None:
     machine = Machine(one=0.04, many=0.05)
     used = machine.drive(governor(machine), 50)
-    assert used[10:] == [1] * 40
+    assert used[12:] == [1] * 38
 
 
 def test_contention_during_the_probe_ends_it_at_once() -> None:
     machine = Machine(one=0.04, many=2.5)  # another process holds a core: 60x slower
     used = machine.drive(governor(machine), 20)
-    assert used[:5] == [1] * 5 and used[5] == 4 and used[6:] == [1] * 14
+    assert used[:6] == [1] * 6 and used[6:8] == [4, 4] and used[8:] == [1] * 12  # 6: untimed
 
 
 def test_contention_while_running_drops_to_one_thread_then_reprobes() -> None:
@@ -75,7 +77,8 @@ def test_a_busy_machine_is_probed_ever_more_rarely() -> None:
     g = governor(machine)
     used = machine.drive(g, 800)
     many = [step for step, threads in enumerate(used) if threads == 4]
-    assert many == [5, 105, 305, 705]  # one slow step per probe, at intervals 100, 200, 400
+    # two slow steps per probe (the first untimed), at intervals of 100, 200, 400 steps
+    assert many == [6, 7, 105, 106, 305, 306, 705, 706]
 
 
 def test_a_single_slow_step_is_not_contention() -> None:

@@ -8,8 +8,9 @@ one-thread step (``docs/results.md``, Nth Farthest). No thread count is right on
 machine, so :class:`ThreadGovernor` measures:
 
 1. **probe**: ``probe_steps`` steps with one thread, then ``probe_steps`` with every core; the
-   faster median step time wins. A many-thread probe step slower than ``slowdown`` times the
-   one-thread median ends that probe at once.
+   faster median step time wins. The first step after a change of thread count is not timed
+   (the first many-thread step starts the thread pool). A many-thread probe step slower than
+   ``slowdown`` times the one-thread median ends that probe at once.
 2. **run**: train with the winner; ``patience`` consecutive many-thread steps slower than
    ``slowdown`` times the probe's median (another process took a core) drop to one thread.
    A single slow step (the OS ran something else for a moment) does not.
@@ -72,6 +73,7 @@ class ThreadGovernor:
         self.max_threads, self.probe_steps = max_threads, probe_steps
         self.reprobe_every, self.slowdown, self.patience = reprobe_every, slowdown, patience
         self._slow = 0  # consecutive slow many-thread steps while running
+        self._settling = False  # the step just taken was the first at a new thread count
         self._set = set_threads
         self.threads = 0  # the count in force (0: none set yet)
         self._phase = "probe_one"
@@ -87,6 +89,7 @@ class ThreadGovernor:
             self._set(threads)
             self.switches += self.threads != 0
             self.threads = threads
+            self._settling = True
 
     def before_step(self) -> None:
         """Apply the thread count for the coming step."""
@@ -100,6 +103,9 @@ class ThreadGovernor:
         if self.max_threads == 1:
             return
         self._since_probe += 1
+        settling, self._settling = self._settling, False
+        if settling and self._phase != "run":
+            return
         if self._phase == "probe_one":
             self._times.append(seconds)
             if len(self._times) == self.probe_steps:
