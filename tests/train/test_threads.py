@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -53,10 +54,11 @@ def test_one_thread_wins_when_many_are_slower() -> None:
     assert used[12:] == [1] * 38
 
 
-def test_contention_during_the_probe_ends_it_at_once() -> None:
+def test_contention_during_the_probe_ends_it() -> None:
     machine = Machine(one=0.04, many=2.5)  # another process holds a core: 60x slower
     used = machine.drive(governor(machine), 20)
-    assert used[:6] == [1] * 6 and used[6:8] == [4, 4] and used[8:] == [1] * 12  # 6: untimed
+    # step 0 and step 6 are untimed; steps 7-9 are the three slow ones in a row
+    assert used[:6] == [1] * 6 and used[6:10] == [4] * 4 and used[10:] == [1] * 10
 
 
 def test_contention_while_running_drops_to_one_thread_then_reprobes() -> None:
@@ -65,20 +67,23 @@ def test_contention_while_running_drops_to_one_thread_then_reprobes() -> None:
     assert machine.drive(g, 20)[-1] == 4
     machine.times[4] = 2.5  # a second process starts
     used = machine.drive(g, 30)
-    assert used[:3] == [4] * 3 and used[3:] == [1] * 27  # three slow steps, then one thread
-    machine.times[4] = 0.025  # it ends: the next probe (every 50 steps) finds out
+    # three slow steps, then one thread; the probe a quarter of reprobe_every (12 steps) later
+    # finds the machine still busy and ends after its own three slow steps
+    assert used == [4] * 3 + [1] * 17 + [4] * 4 + [1] * 6
+    machine.times[4] = 0.025  # it ends: the next probe finds out
     used = machine.drive(g, 60)
     assert used[-1] == 4
-    assert g.switches >= 3
+    assert machine.applied == [1, 4, 1, 4, 1, 4]
 
 
 def test_a_busy_machine_is_probed_ever_more_rarely() -> None:
     machine = Machine(one=0.04, many=2.5)
-    g = governor(machine)
-    used = machine.drive(g, 800)
-    many = [step for step, threads in enumerate(used) if threads == 4]
-    # two slow steps per probe (the first untimed), at intervals of 100, 200, 400 steps
-    assert many == [6, 7, 105, 106, 305, 306, 705, 706]
+    used = machine.drive(governor(machine), 800)
+    starts = [t for t, threads in enumerate(used) if threads == 4 and used[t - 1] == 1]
+    lengths = [len(list(g)) for k, g in itertools.groupby(used) if k == 4]
+    assert lengths == [4] * len(starts)  # each probe: one untimed step and three slow ones
+    # waits of 100, 200, 400 steps from each decision, plus the 5 one-thread probe steps
+    assert [b - a for a, b in itertools.pairwise(starts)] == [109, 209, 409]
 
 
 def test_a_single_slow_step_is_not_contention() -> None:
@@ -89,7 +94,7 @@ def test_a_single_slow_step_is_not_contention() -> None:
         for seconds in (1.0, 0.025):
             g.before_step()
             g.after_step(seconds)
-    assert g.threads == 4 and g.switches == 1
+    assert g.threads == 4 and machine.applied == [1, 4]
 
 
 def test_one_core_never_probes() -> None:

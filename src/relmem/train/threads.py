@@ -9,15 +9,16 @@ machine, so :class:`ThreadGovernor` measures:
 
 1. **probe**: ``probe_steps`` steps with one thread, then ``probe_steps`` with every core; the
    faster median step time wins. The first step after a change of thread count is not timed
-   (the first many-thread step starts the thread pool). A many-thread probe step slower than
-   ``slowdown`` times the one-thread median ends that probe at once.
+   (the first many-thread step starts the thread pool). ``patience`` consecutive
+   many-thread steps slower than ``slowdown`` times the one-thread median end the probe at
+   once: another process holds a core.
 2. **run**: train with the winner; ``patience`` consecutive many-thread steps slower than
-   ``slowdown`` times the probe's median (another process took a core) drop to one thread.
-   A single slow step (the OS ran something else for a moment) does not.
-3. every ``reprobe_every`` steps, probe again: the machine's load changes. Each probe that
-   ends in contention doubles the interval to the next (up to 16 times), so a machine that
-   stays busy pays for one slow step ever more rarely; a probe that many threads win resets
-   it.
+   ``slowdown`` times the probe's median drop to one thread. A lone slow step (the OS ran
+   something else for a moment) does neither.
+3. **probe again** ``reprobe_every`` steps after a decision (the machine's load changes), a
+   quarter of that after a drop; each probe that ends in contention doubles the wait (up to
+   16 times ``reprobe_every``), so a machine that stays busy pays for a few slow steps ever
+   more rarely.
 
 The thread count changes the last bits of reductions and matrix products, so a run with
 ``auto`` is not bit-reproducible (a fixed ``--cpu-threads N`` is). The probes cost about
@@ -72,7 +73,7 @@ class ThreadGovernor:
             )
         self.max_threads, self.probe_steps = max_threads, probe_steps
         self.reprobe_every, self.slowdown, self.patience = reprobe_every, slowdown, patience
-        self._slow = 0  # consecutive slow many-thread steps while running
+        self._slow = 0  # consecutive slow many-thread steps
         self._settling = False  # the step just taken was the first at a new thread count
         self._set = set_threads
         self.threads = 0  # the count in force (0: none set yet)
@@ -80,14 +81,12 @@ class ThreadGovernor:
         self._times: list[float] = []
         self._one_median = float("inf")
         self._reference = float("inf")  # the chosen setting's median step time
-        self._since_probe = 0
-        self._interval = reprobe_every  # steps to the next probe (doubles under contention)
-        self.switches = 0  # how many times the count changed, for the run's record
+        self._since_decision = 0  # steps since the last probe ended
+        self._wait = reprobe_every  # steps from a decision to the next probe
 
     def _use(self, threads: int) -> None:
         if threads != self.threads:
             self._set(threads)
-            self.switches += self.threads != 0
             self.threads = threads
             self._settling = True
 
@@ -102,7 +101,7 @@ class ThreadGovernor:
         """Record the step's wall time and decide the next step's thread count."""
         if self.max_threads == 1:
             return
-        self._since_probe += 1
+        self._since_decision += 1
         settling, self._settling = self._settling, False
         if settling and self._phase != "run":
             return
@@ -113,24 +112,27 @@ class ThreadGovernor:
                 self._phase, self._times = "probe_many", []
         elif self._phase == "probe_many":
             self._times.append(seconds)
-            if seconds > self.slowdown * self._one_median:  # contention: stop probing
-                self._interval = min(2 * self._interval, 16 * self.reprobe_every)
-                self._choose(1, self._one_median)
+            if self._contended(seconds, self._one_median):
+                self._choose(1, self._one_median, min(2 * self._wait, 16 * self.reprobe_every))
             elif len(self._times) == self.probe_steps:
                 many_median = statistics.median(self._times)
                 if many_median < self._one_median:
-                    self._interval = self.reprobe_every
-                    self._choose(self.max_threads, many_median)
+                    self._choose(self.max_threads, many_median, self.reprobe_every)
                 else:
-                    self._choose(1, self._one_median)
-        else:  # running
-            slow = self.threads > 1 and seconds > self.slowdown * self._reference
-            self._slow = self._slow + 1 if slow else 0
-            if self._slow >= self.patience:
-                self._choose(1, self._one_median)
-            elif self._since_probe >= self._interval:
-                self._phase, self._times, self._since_probe = "probe_one", [], 0
+                    self._choose(1, self._one_median, self.reprobe_every)
+        elif self.threads > 1 and self._contended(seconds, self._reference):
+            self._choose(1, self._one_median, max(1, self.reprobe_every // 4))
+        elif self._since_decision >= self._wait:
+            self._phase, self._times = "probe_one", []
 
-    def _choose(self, threads: int, median: float) -> None:
-        self._phase, self._times, self._reference, self._slow = "run", [], median, 0
+    def _contended(self, seconds: float, reference: float) -> bool:
+        """Whether this is the ``patience``-th slow many-thread step in a row."""
+        slow = self.threads > 1 and seconds > self.slowdown * reference
+        self._slow = self._slow + 1 if slow else 0
+        return self._slow >= self.patience
+
+    def _choose(self, threads: int, median: float, wait: int) -> None:
+        """Run with ``threads`` (median step time ``median``) and probe again in ``wait``."""
+        self._phase, self._times, self._reference = "run", [], median
+        self._slow, self._since_decision, self._wait = 0, 0, wait
         self._use(threads)
