@@ -34,72 +34,88 @@ class Machine:
         return used
 
 
+ONE, FAST, SLOW = 1 / 32, 1 / 64, 2.5  # seconds a step: one thread, many free, many busy
+
+
 def governor(machine: Machine, **kwargs) -> ThreadGovernor:
-    settings = {"probe_steps": 5, "reprobe_every": 50} | kwargs
+    """Probes of 5 timed steps a setting; the next probe 2 s of steps after a decision."""
+    settings = {"probe_steps": 5, "probe_seconds": 100.0, "reprobe_seconds": 2.0}
+    settings |= {"probe_share": 0.5} | kwargs
     return ThreadGovernor(4, set_threads=machine.set_threads, **settings)
 
 
 def test_many_threads_win_on_a_free_machine() -> None:
-    machine = Machine(one=0.04, many=0.025)
-    g = governor(machine)
-    used = machine.drive(g, 50, first=1.0)  # starting a thread pool takes a second
+    machine = Machine(one=ONE, many=FAST)
+    used = machine.drive(governor(machine), 50, first=1.0)  # starting a pool takes a second
     assert used[:6] == [1] * 6 and used[6:12] == [4] * 6  # probe one, then many (+1 untimed)
     assert used[12:] == [4] * 38  # keeps the faster
     assert machine.applied == [1, 4]  # the count is applied only when it changes
 
 
 def test_one_thread_wins_when_many_are_slower() -> None:
-    machine = Machine(one=0.04, many=0.05)
+    machine = Machine(one=ONE, many=2 * ONE)
     used = machine.drive(governor(machine), 50)
     assert used[12:] == [1] * 38
 
 
 def test_contention_during_the_probe_ends_it() -> None:
-    machine = Machine(one=0.04, many=2.5)  # another process holds a core: 60x slower
+    machine = Machine(one=ONE, many=SLOW)  # another process holds a core: 60x slower
     used = machine.drive(governor(machine), 20)
     # step 0 and step 6 are untimed; steps 7-9 are the three slow ones in a row
     assert used[:6] == [1] * 6 and used[6:10] == [4] * 4 and used[10:] == [1] * 10
 
 
 def test_contention_while_running_drops_to_one_thread_then_reprobes() -> None:
-    machine = Machine(one=0.04, many=0.025)
-    g = governor(machine)
+    machine = Machine(one=ONE, many=FAST)
+    g = governor(machine, reprobe_seconds=20.0)
     assert machine.drive(g, 20)[-1] == 4
-    machine.times[4] = 2.5  # a second process starts
-    used = machine.drive(g, 30)
-    # three slow steps, then one thread; the probe a quarter of reprobe_every (12 steps) later
-    # finds the machine still busy and ends after its own three slow steps
-    assert used == [4] * 3 + [1] * 17 + [4] * 4 + [1] * 6
-    machine.times[4] = 0.025  # it ends: the next probe finds out
-    used = machine.drive(g, 60)
+    machine.times[4] = SLOW  # a second process starts
+    used = machine.drive(g, 180)
+    # three slow steps, then one thread; the probe a quarter of the wait later (5 s, 160
+    # steps) finds the machine still busy and ends after its own three slow steps
+    assert used == [4] * 3 + [1] * 160 + [1] * 5 + [4] * 4 + [1] * 8
+    machine.times[4] = FAST  # it ends: the next probe (40 s, 1,280 steps, later) finds out
+    used = machine.drive(g, 1400)
     assert used[-1] == 4
     assert machine.applied == [1, 4, 1, 4, 1, 4]
 
 
 def test_a_busy_machine_is_probed_ever_more_rarely() -> None:
-    machine = Machine(one=0.04, many=2.5)
-    used = machine.drive(governor(machine), 800)
+    machine = Machine(one=ONE, many=SLOW)
+    used = machine.drive(governor(machine), 1000)
     starts = [t for t, threads in enumerate(used) if threads == 4 and used[t - 1] == 1]
     lengths = [len(list(g)) for k, g in itertools.groupby(used) if k == 4]
     assert lengths == [4] * len(starts)  # each probe: one untimed step and three slow ones
-    # waits of 100, 200, 400 steps from each decision, plus the 5 one-thread probe steps
-    assert [b - a for a, b in itertools.pairwise(starts)] == [109, 209, 409]
+    # waits of 4, 8, 16 s (128, 256, 512 one-thread steps), the 5 steps of each one-thread
+    # probe and the 4 of each many-thread probe
+    assert [b - a for a, b in itertools.pairwise(starts)] == [137, 265, 521]
 
 
 def test_a_single_slow_step_is_not_contention() -> None:
-    machine = Machine(one=0.04, many=0.025)
-    g = governor(machine)
+    machine = Machine(one=ONE, many=FAST)
+    g = governor(machine, reprobe_seconds=100.0)
     machine.drive(g, 20)
     for _ in range(5):  # a hiccup every other step: never three in a row
-        for seconds in (1.0, 0.025):
+        for seconds in (1.0, FAST):
             g.before_step()
             g.after_step(seconds)
     assert g.threads == 4 and machine.applied == [1, 4]
 
 
+def test_long_steps_probe_by_time() -> None:
+    """Reinforcement-learning steps of seconds: three timed steps a setting fill the probe,
+    and the next probe waits until probing is at most 5% of the time."""
+    machine = Machine(one=5.0, many=3.0)
+    g = ThreadGovernor(4, set_threads=machine.set_threads)  # the defaults
+    used = machine.drive(g, 230)
+    assert used[:4] == [1] * 4 and used[4:8] == [4] * 4
+    # the probe took 32 s, so the next one starts 640 s (214 steps of 3 s) later
+    assert used[8:222] == [4] * 214 and used[222] == 1
+
+
 def test_one_core_never_probes() -> None:
     applied: list[int] = []
-    g = ThreadGovernor(1, probe_steps=5, reprobe_every=50, set_threads=applied.append)
+    g = ThreadGovernor(1, set_threads=applied.append)
     for _ in range(100):
         g.before_step()
         g.after_step(1.0)
@@ -107,8 +123,10 @@ def test_one_core_never_probes() -> None:
 
 
 def test_bad_settings_are_refused() -> None:
-    with pytest.raises(ValueError, match="reprobe_every > 2 \\* probe_steps"):
-        ThreadGovernor(2, probe_steps=10, reprobe_every=20)
+    with pytest.raises(ValueError, match="probe_steps >= 3"):
+        ThreadGovernor(2, probe_steps=2)
+    with pytest.raises(ValueError, match="0 < probe_share < 1"):
+        ThreadGovernor(2, probe_share=1.0)
 
 
 def test_auto_threads_in_a_run(tiny) -> None:

@@ -1,28 +1,29 @@
 """``--cpu-threads auto``: every core while more threads pay, one thread when they do not.
 
 A small recurrent model's training step is a long chain of small ops. On an idle 2-core
-machine a second intra-op thread trains the Nth Farthest CPU preset about 1.3-1.5 times
-faster; but when another process holds one of the cores, every parallel region of the step
-waits for a descheduled thread and a two-thread step can take tens of times longer than a
-one-thread step (``docs/results.md``, Nth Farthest). No thread count is right on every
-machine, so :class:`ThreadGovernor` measures:
+machine a second intra-op thread trains the Nth Farthest CPU preset about 1.3 times faster;
+but when another process holds one of the cores, every parallel region of the step waits for
+a descheduled thread and a two-thread step can take tens of times longer than a one-thread
+step (``docs/results.md``, Nth Farthest). No thread count is right on every machine, so
+:class:`ThreadGovernor` measures. Its clock is the sum of the step times it is given, so it
+behaves the same for 30 ms steps and for 5 s reinforcement-learning steps:
 
-1. **probe**: ``probe_steps`` steps with one thread, then ``probe_steps`` with every core; the
-   faster median step time wins. The first step after a change of thread count is not timed
-   (the first many-thread step starts the thread pool). ``patience`` consecutive
-   many-thread steps slower than ``slowdown`` times the one-thread median end the probe at
-   once: another process holds a core.
+1. **probe**: time steps with one thread, then with every core, ``probe_steps`` of each or,
+   for long steps, as many as fill ``probe_seconds`` (at least three); the faster median step
+   time wins. The first step after a change of thread count is not timed (the first
+   many-thread step starts the thread pool). ``patience`` consecutive many-thread steps slower
+   than ``slowdown`` times the one-thread median end the probe at once: another process holds
+   a core.
 2. **run**: train with the winner; ``patience`` consecutive many-thread steps slower than
    ``slowdown`` times the probe's median drop to one thread. A lone slow step (the OS ran
    something else for a moment) does neither.
-3. **probe again** ``reprobe_every`` steps after a decision (the machine's load changes), a
-   quarter of that after a drop; each probe that ends in contention doubles the wait (up to
-   16 times ``reprobe_every``), so a machine that stays busy pays for a few slow steps ever
-   more rarely.
+3. **probe again** after a wait, the machine's load changes: ``reprobe_seconds`` of steps, or
+   long enough that probing takes at most ``probe_share`` of the time; a quarter of that after
+   a drop. Each probe that ends in contention doubles the wait (up to 16 times), so a machine
+   that stays busy pays for a few slow steps ever more rarely.
 
 The thread count changes the last bits of reductions and matrix products, so a run with
-``auto`` is not bit-reproducible (a fixed ``--cpu-threads N`` is). The probes cost about
-``probe_steps / reprobe_every`` of the steps at the slower setting.
+``auto`` is not bit-reproducible (a fixed ``--cpu-threads N`` is).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import statistics
 from collections.abc import Callable
 
 import torch
+
+MIN_PROBE_STEPS = 3  # a median that one outlier cannot move
 
 
 def usable_cores() -> int:
@@ -45,44 +48,61 @@ class ThreadGovernor:
     """Chooses the intra-op thread count step by step from measured step times.
 
     Call :meth:`before_step` before each training step and :meth:`after_step` with its
-    duration after it. ``set_threads`` and ``max_threads`` are injectable for tests.
+    duration after it.
 
     Args:
         max_threads: the many-thread setting (the trainer passes :func:`usable_cores`).
-        probe_steps: steps timed per setting in a probe.
-        reprobe_every: steps between the starts of two probes.
-        slowdown: how many times the reference step time counts as contention.
-        patience: consecutive slow steps that count as contention while running.
-        set_threads: applies a thread count (default ``torch.set_num_threads``).
+        probe_steps: timed steps per setting in a probe, at most.
+        probe_seconds: a setting's probe also ends once its timed steps add up to this
+            (after at least three).
+        reprobe_seconds: the shortest wait from a decision to the next probe.
+        probe_share: the wait is also at least the last probe's duration over this share.
+        slowdown: how many times the reference step time counts as slow.
+        patience: consecutive slow many-thread steps that count as contention.
+        set_threads: applies a thread count (default ``torch.set_num_threads``; tests pass a
+            recorder).
     """
 
     def __init__(
         self,
         max_threads: int,
         probe_steps: int = 20,
-        reprobe_every: int = 1000,
+        probe_seconds: float = 2.0,
+        reprobe_seconds: float = 30.0,
+        probe_share: float = 0.05,
         slowdown: float = 3.0,
         patience: int = 3,
         set_threads: Callable[[int], None] = torch.set_num_threads,
     ) -> None:
-        if min(max_threads, probe_steps, patience) < 1 or reprobe_every <= 2 * probe_steps:
+        if max_threads < 1 or patience < 1 or probe_steps < MIN_PROBE_STEPS:
             raise ValueError(
-                "ThreadGovernor needs max_threads, probe_steps and patience >= 1 and "
-                f"reprobe_every > 2 * probe_steps; got {max_threads}, {probe_steps}, "
-                f"{patience}, {reprobe_every}"
+                f"ThreadGovernor needs max_threads >= 1, patience >= 1 and probe_steps >= "
+                f"{MIN_PROBE_STEPS}; got {max_threads}, {patience}, {probe_steps}"
             )
-        self.max_threads, self.probe_steps = max_threads, probe_steps
-        self.reprobe_every, self.slowdown, self.patience = reprobe_every, slowdown, patience
-        self._slow = 0  # consecutive slow many-thread steps
-        self._settling = False  # the step just taken was the first at a new thread count
+        if not (probe_seconds > 0 and reprobe_seconds > 0 and 0 < probe_share < 1):
+            raise ValueError(
+                "ThreadGovernor needs probe_seconds > 0, reprobe_seconds > 0 and 0 < "
+                f"probe_share < 1; got {probe_seconds}, {reprobe_seconds}, {probe_share}"
+            )
+        self.max_threads, self.probe_steps, self.probe_seconds = (
+            max_threads,
+            probe_steps,
+            probe_seconds,
+        )
+        self.reprobe_seconds, self.probe_share = reprobe_seconds, probe_share
+        self.slowdown, self.patience = slowdown, patience
         self._set = set_threads
         self.threads = 0  # the count in force (0: none set yet)
         self._phase = "probe_one"
-        self._times: list[float] = []
+        self._times: list[float] = []  # the current probe phase's timed steps
         self._one_median = float("inf")
         self._reference = float("inf")  # the chosen setting's median step time
-        self._since_decision = 0  # steps since the last probe ended
-        self._wait = reprobe_every  # steps from a decision to the next probe
+        self._slow = 0  # consecutive slow many-thread steps
+        self._settling = False  # the step just taken was the first at a new thread count
+        self._clock = 0.0  # seconds of steps seen
+        self._probe_start = 0.0  # the clock when the current or last probe started
+        self._next_probe = float("inf")  # the clock at which the next probe starts
+        self._base_wait = reprobe_seconds  # the wait after a probe many threads won
 
     def _use(self, threads: int) -> None:
         if threads != self.threads:
@@ -101,29 +121,37 @@ class ThreadGovernor:
         """Record the step's wall time and decide the next step's thread count."""
         if self.max_threads == 1:
             return
-        self._since_decision += 1
+        self._clock += seconds
         settling, self._settling = self._settling, False
-        if settling and self._phase != "run":
+        if self._phase == "run":
+            if self.threads > 1 and self._contended(seconds, self._reference):
+                self._decide(1, self._one_median, self._base_wait / 4)
+            elif self._clock >= self._next_probe:
+                self._phase, self._times, self._probe_start = "probe_one", [], self._clock
             return
+        if settling:
+            return
+        self._times.append(seconds)
         if self._phase == "probe_one":
-            self._times.append(seconds)
-            if len(self._times) == self.probe_steps:
+            if self._probe_done():
                 self._one_median = statistics.median(self._times)
                 self._phase, self._times = "probe_many", []
-        elif self._phase == "probe_many":
-            self._times.append(seconds)
-            if self._contended(seconds, self._one_median):
-                self._choose(1, self._one_median, min(2 * self._wait, 16 * self.reprobe_every))
-            elif len(self._times) == self.probe_steps:
-                many_median = statistics.median(self._times)
-                if many_median < self._one_median:
-                    self._choose(self.max_threads, many_median, self.reprobe_every)
-                else:
-                    self._choose(1, self._one_median, self.reprobe_every)
-        elif self.threads > 1 and self._contended(seconds, self._reference):
-            self._choose(1, self._one_median, max(1, self.reprobe_every // 4))
-        elif self._since_decision >= self._wait:
-            self._phase, self._times = "probe_one", []
+        elif self._contended(seconds, self._one_median):
+            self._base_wait = min(2 * self._base_wait, 16 * self.reprobe_seconds)
+            self._decide(1, self._one_median, self._base_wait)
+        elif self._probe_done():
+            many_median = statistics.median(self._times)
+            spent = self._clock - self._probe_start
+            self._base_wait = max(self.reprobe_seconds, spent / self.probe_share)
+            if many_median < self._one_median:
+                self._decide(self.max_threads, many_median, self._base_wait)
+            else:
+                self._decide(1, self._one_median, self._base_wait)
+
+    def _probe_done(self) -> bool:
+        timed = len(self._times)
+        long_enough = timed >= MIN_PROBE_STEPS and sum(self._times) >= self.probe_seconds
+        return timed >= self.probe_steps or long_enough
 
     def _contended(self, seconds: float, reference: float) -> bool:
         """Whether this is the ``patience``-th slow many-thread step in a row."""
@@ -131,8 +159,8 @@ class ThreadGovernor:
         self._slow = self._slow + 1 if slow else 0
         return self._slow >= self.patience
 
-    def _choose(self, threads: int, median: float, wait: int) -> None:
-        """Run with ``threads`` (median step time ``median``) and probe again in ``wait``."""
-        self._phase, self._times, self._reference = "run", [], median
-        self._slow, self._since_decision, self._wait = 0, 0, wait
+    def _decide(self, threads: int, median: float, wait: float) -> None:
+        """Run with ``threads`` (median step ``median``) and probe again after ``wait``."""
+        self._phase, self._times, self._reference, self._slow = "run", [], median, 0
+        self._next_probe = self._clock + wait
         self._use(threads)
