@@ -84,11 +84,8 @@ class ThreadGovernor:
                 "ThreadGovernor needs probe_seconds > 0, reprobe_seconds > 0 and 0 < "
                 f"probe_share < 1; got {probe_seconds}, {reprobe_seconds}, {probe_share}"
             )
-        self.max_threads, self.probe_steps, self.probe_seconds = (
-            max_threads,
-            probe_steps,
-            probe_seconds,
-        )
+        self.max_threads = max_threads
+        self.probe_steps, self.probe_seconds = probe_steps, probe_seconds
         self.reprobe_seconds, self.probe_share = reprobe_seconds, probe_share
         self.slowdown, self.patience = slowdown, patience
         self._set = set_threads
@@ -102,7 +99,7 @@ class ThreadGovernor:
         self._clock = 0.0  # seconds of steps seen
         self._probe_start = 0.0  # the clock when the current or last probe started
         self._next_probe = float("inf")  # the clock at which the next probe starts
-        self._base_wait = reprobe_seconds  # the wait after a probe many threads won
+        self._base_wait = reprobe_seconds  # the wait after a probe (doubled by contention)
 
     def _use(self, threads: int) -> None:
         if threads != self.threads:
@@ -124,7 +121,7 @@ class ThreadGovernor:
         self._clock += seconds
         settling, self._settling = self._settling, False
         if self._phase == "run":
-            if self.threads > 1 and self._contended(seconds, self._reference):
+            if self._contended(seconds, self._reference):
                 self._decide(1, self._one_median, self._base_wait / 4)
             elif self._clock >= self._next_probe:
                 self._phase, self._times, self._probe_start = "probe_one", [], self._clock
