@@ -1,7 +1,8 @@
-"""The values the RL learners give TorchRL's estimators (``relmem.rl.learners.write_values``):
-each step's value and bootstrap value from the recurrent state the agent really had, checked
-against a step-by-step replay of the collected batch, across episode ends, truncations and a
-batch that starts mid-episode."""
+"""The RL learners' inputs to TorchRL: the values given to the estimators
+(``relmem.rl.learners.write_values``), each step's value and bootstrap value from the recurrent
+state the agent really had, checked against a step-by-step replay of the collected batch,
+across episode ends, truncations and a batch that starts mid-episode; and the losses' critic
+(``Agent.loss_critic``), checked against the whole value network."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ from tensordict import TensorDict
 from test_agent import TINY, B, T, agent_and_env
 from torchrl.collectors import Collector
 from torchrl.modules import set_recurrent_mode
+from torchrl.objectives import A2CLoss, ClipPPOLoss
+from torchrl.objectives.value import GAE
 
 from relmem.rl import keys
-from relmem.rl.learners import write_values
+from relmem.rl.agent import INTERMEDIATE_KEYS
+from relmem.rl.learners import LOSS_TERMS, total_loss, write_values
 
 
 def second_batch(model: str, truncate: bool):
@@ -70,3 +74,53 @@ def test_values_and_bootstraps_follow_the_agents_own_state(model: str, truncate:
     torch.testing.assert_close(
         data["next", keys.STATE_VALUE], expected_bootstrap, rtol=1e-5, atol=1e-6
     )
+
+
+def loss_and_gradients(agent, loss, data: TensorDict) -> tuple[dict, list]:
+    """The loss terms and every parameter's gradient for one loss evaluation on ``data``."""
+    agent.zero_grad()
+    with set_recurrent_mode(True):
+        terms = loss(data.exclude(*INTERMEDIATE_KEYS))
+        total_loss(terms).backward()
+    values = {name: terms[name].detach() for name in LOSS_TERMS}
+    return values, [p.grad.clone() for p in agent.parameters()]
+
+
+@pytest.mark.parametrize("model", sorted(TINY))
+def test_the_shared_pass_critic_equals_the_value_network(model: str) -> None:
+    """PPO's critic (the value head on the policy pass's hidden layer) gives the loss and the
+    gradients of every parameter that the whole value network as the critic gives, while the
+    encoder and the core run once."""
+    agent, data = second_batch(model, truncate=True)
+    with torch.no_grad(), set_recurrent_mode(True):
+        write_values(agent, data)
+        GAE(gamma=0.9, lmbda=0.8, value_network=None)(data)
+    kwargs = {"entropy_coeff": 0.01, "critic_coeff": 0.5, "loss_critic_type": "l2"}
+    expected, expected_grads = loss_and_gradients(
+        agent, ClipPPOLoss(agent.policy, agent.value, **kwargs), data
+    )
+    calls = []
+    handle = agent.core.register_forward_hook(lambda *_: calls.append(1))
+    got, got_grads = loss_and_gradients(
+        agent, ClipPPOLoss(agent.policy, agent.loss_critic, **kwargs), data
+    )
+    handle.remove()
+    assert len(calls) == 1
+    assert float(expected["loss_critic"]) > 0
+    for name in LOSS_TERMS:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6)
+    for g, e in zip(got_grads, expected_grads, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
+
+
+def test_the_shared_pass_critic_needs_the_policy_pass() -> None:
+    """Without the policy's fresh pass (A2CLoss runs its actor on a copy) the critic fails
+    loudly rather than read nothing or a collected, gradient-free hidden layer."""
+    agent, data = second_batch("lstm", truncate=False)
+    with pytest.raises(KeyError, match="hidden.*run its actor first"):
+        agent.loss_critic(data.exclude(*INTERMEDIATE_KEYS))
+    loss = A2CLoss(agent.policy, agent.loss_critic, critic_coeff=0.5)
+    with set_recurrent_mode(True), pytest.raises(KeyError, match="A2CLoss does not"):
+        write_values(agent, data)
+        GAE(gamma=0.9, lmbda=0.8, value_network=None)(data)
+        loss(data.exclude(*INTERMEDIATE_KEYS))

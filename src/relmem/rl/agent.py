@@ -15,7 +15,10 @@
 
 :func:`build_agent` returns an :class:`Agent` whose ``policy`` is a TorchRL
 ``ProbabilisticActor`` (a categorical distribution over the logits) and ``value`` a module
-writing ``state_value``; both share the encoder, the core and the hidden layer.
+writing ``state_value``; both share the encoder, the core and the hidden layer. PPO's loss
+takes :attr:`Agent.loss_critic` as its critic: the value head alone, on the hidden layer that
+the policy's pass over the same data wrote, so that an update runs the encoder and the core
+once per loss evaluation rather than once for the policy and again for the value.
 """
 
 from __future__ import annotations
@@ -24,7 +27,13 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
-from tensordict.nn import InteractionType, TensorDictModule, TensorDictSequential
+from tensordict import TensorDictBase
+from tensordict.nn import (
+    InteractionType,
+    TensorDictModule,
+    TensorDictModuleBase,
+    TensorDictSequential,
+)
 from torch import nn
 from torchrl.data import Categorical
 from torchrl.envs import TensorDictPrimer
@@ -42,6 +51,8 @@ __all__ = ["Agent", "AgentConfig", "build_agent"]
 EMBEDDING = "embedding"  # the encoder's output, the core's input
 CORE_OUTPUT = "core_output"  # the core's output [*B, O]
 HIDDEN = "hidden"  # the shared hidden layer [*B, hidden_size]
+# what a pass of the policy writes besides its outputs (a collected batch holds them too)
+INTERMEDIATE_KEYS = (EMBEDDING, CORE_OUTPUT, HIDDEN, keys.LOGITS)
 
 
 @dataclass
@@ -79,6 +90,11 @@ class Agent(nn.Module):
             ``set_exploration_type(ExplorationType.DETERMINISTIC)`` context asks for the most
             probable one.
         value: reads the same entries; writes ``state_value [*B, 1]`` (and the next state).
+        loss_critic: the critic for TorchRL's losses (:class:`ValueOfPolicyPass`): the value
+            head on the ``hidden`` entry the policy's pass wrote into the same tensordict.
+            Give the loss data without :data:`INTERMEDIATE_KEYS` (a collected batch's are
+            stale and carry no gradient); the critic then fails loudly if the policy did not
+            run first.
         state_keys: the recurrent state's entries (RMC: ``memory``; LSTM and ConvLSTM: ``h``,
             ``c``).
         core: the :class:`~relmem.rl.modules.RecurrentCoreModule`.
@@ -113,6 +129,7 @@ class Agent(nn.Module):
         # Not submodules: their parameters are the parts' (one copy in state_dict).
         self.__dict__["policy"] = policy
         self.__dict__["value"] = value
+        self.__dict__["loss_critic"] = ValueOfPolicyPass(value_head)
 
     @property
     def state_keys(self) -> list[str]:
@@ -123,6 +140,40 @@ class Agent(nn.Module):
         ``InitTracker``; :func:`relmem.rl.envs.torchrl_env.make_env` takes it as
         ``primers=[...]``)."""
         return self.core.make_tensordict_primer()
+
+
+class ValueOfPolicyPass(TensorDictModuleBase):
+    """The value head over the hidden layer a pass of the policy has just written.
+
+    TorchRL's ``ClipPPOLoss`` runs its actor and then its critic on one (shallow) copy of the
+    loss's input: with this critic, the value loss back-propagates
+    through the same encoder and core pass as the policy loss. Loss and gradients equal those
+    of ``agent.value`` as the critic (``tests/rl/test_learners.py``); the encoder and the
+    recurrent core run once instead of twice.
+
+    Args:
+        value_head: reads ``hidden [*B, hidden_size]``, writes ``state_value [*B, 1]``.
+
+    Raises:
+        KeyError: the input has no ``hidden`` entry (the policy has not run on it).
+    """
+
+    def __init__(self, value_head: TensorDictModule) -> None:
+        super().__init__()
+        self.value_head = value_head
+        self.in_keys = list(value_head.in_keys)
+        self.out_keys = list(value_head.out_keys)
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if tensordict.get(HIDDEN, None) is None:
+            raise KeyError(
+                f"{type(self).__name__}: the input has no {HIDDEN!r} entry: this critic reads "
+                "the hidden layer the policy's pass wrote into the same tensordict, so the "
+                "loss must run its actor first on the same tensordict (TorchRL's ClipPPOLoss "
+                "does, A2CLoss does not); "
+                "use agent.value to compute values on their own"
+            )
+        return self.value_head(tensordict)
 
 
 def _build_core(

@@ -15,6 +15,12 @@ episode's end, and reads the per-step states a sequence call does not keep).
 - :class:`VTraceUpdate`: ``VTrace`` targets (rho-bar = c-bar = 1) and one ``A2CLoss`` step,
   as TorchRL's ``sota-implementations/impala`` does.
 
+PPO's critic is ``agent.loss_critic``, the value head on the hidden layer of the policy's own
+pass (:class:`~relmem.rl.agent.ValueOfPolicyPass`): one pass of the encoder and the core per
+loss evaluation. The collected batch's copies of the policy's intermediate entries are dropped
+before the loss, so that the critic can only read the fresh ones. ``A2CLoss`` runs its actor on
+a copy of its input, so V-trace's critic is the whole value network.
+
 Each update calls ``apply(loss)`` (the trainer's :meth:`~relmem.train.trainer.Trainer.
 apply_gradients`, which also refuses a non-finite loss) once per optimiser step and returns
 the mean of each loss term over its optimiser steps.
@@ -32,6 +38,7 @@ from torchrl.objectives import A2CLoss, ClipPPOLoss
 from torchrl.objectives.value import GAE, VTrace
 
 from relmem.rl import keys
+from relmem.rl.agent import INTERMEDIATE_KEYS
 from relmem.rl.config import LearnerConfig
 
 Apply = Callable[[Tensor], None]
@@ -87,7 +94,7 @@ class PPOUpdate:
         self.config = config
         self.loss = ClipPPOLoss(
             agent.policy,
-            agent.value,
+            agent.loss_critic,
             clip_epsilon=config.clip_epsilon,
             entropy_coeff=config.entropy_coeff,
             critic_coeff=config.critic_coeff,
@@ -106,8 +113,9 @@ class PPOUpdate:
             with torch.no_grad():
                 write_values(self.agent, batch)
                 self.advantage(batch)
+            fresh = batch.exclude(*INTERMEDIATE_KEYS)
             for _ in range(c.epochs):
-                for part in batch.chunk(c.minibatches, dim=0):
+                for part in fresh.chunk(c.minibatches, dim=0):
                     terms = self.loss(part)
                     apply(total_loss(terms))
                     for name in LOSS_TERMS:
@@ -125,6 +133,8 @@ class VTraceUpdate:
     """
 
     def __init__(self, agent: nn.Module, config: LearnerConfig) -> None:
+        # A2CLoss runs its actor on a copy of the data, so its critic needs the whole value
+        # network (a second pass of the encoder and the core)
         self.loss = A2CLoss(
             agent.policy,
             agent.value,
