@@ -90,8 +90,8 @@ class Agent(nn.Module):
             ``set_exploration_type(ExplorationType.DETERMINISTIC)`` context asks for the most
             probable one.
         value: reads the same entries; writes ``state_value [*B, 1]`` (and the next state).
-        loss_critic: the critic for TorchRL's losses (:class:`ValueOfPolicyPass`): the value
-            head on the ``hidden`` entry the policy's pass wrote into the same tensordict.
+        loss_critic: PPO's critic (:class:`ValueOfPolicyPass`): the value head on the
+            ``hidden`` entry the policy's pass wrote into the same tensordict.
             Give the loss data without :data:`INTERMEDIATE_KEYS` (a collected batch's are
             stale and carry no gradient); the critic then fails loudly if the policy did not
             run first.
@@ -146,8 +146,8 @@ class ValueOfPolicyPass(TensorDictModuleBase):
     """The value head over the hidden layer a pass of the policy has just written.
 
     TorchRL's ``ClipPPOLoss`` runs its actor and then its critic on one (shallow) copy of the
-    loss's input: with this critic, the value loss back-propagates
-    through the same encoder and core pass as the policy loss. Loss and gradients equal those
+    loss's input: with this critic, the value loss back-propagates through the same encoder
+    and core pass as the policy loss. Loss and gradients equal those
     of ``agent.value`` as the critic (``tests/rl/test_learners.py``); the encoder and the
     recurrent core run once instead of twice.
 
@@ -170,8 +170,7 @@ class ValueOfPolicyPass(TensorDictModuleBase):
                 f"{type(self).__name__}: the input has no {HIDDEN!r} entry: this critic reads "
                 "the hidden layer the policy's pass wrote into the same tensordict, so the "
                 "loss must run its actor first on the same tensordict (TorchRL's ClipPPOLoss "
-                "does, A2CLoss does not); "
-                "use agent.value to compute values on their own"
+                "does, A2CLoss does not); use agent.value to compute values on their own"
             )
         return self.value_head(tensordict)
 
