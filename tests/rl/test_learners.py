@@ -86,15 +86,21 @@ def loss_and_gradients(agent, loss, data: TensorDict) -> tuple[dict, list]:
     return values, [p.grad.clone() for p in agent.parameters()]
 
 
+def batch_with_advantages(model: str, truncate: bool):
+    """:func:`second_batch` with its values and GAE advantages written, ready for a loss."""
+    agent, data = second_batch(model, truncate)
+    with torch.no_grad(), set_recurrent_mode(True):
+        write_values(agent, data)
+        GAE(gamma=0.9, lmbda=0.8, value_network=None)(data)
+    return agent, data
+
+
 @pytest.mark.parametrize("model", sorted(TINY))
 def test_the_shared_pass_critic_equals_the_value_network(model: str) -> None:
     """PPO's critic (the value head on the policy pass's hidden layer) gives the loss and the
     gradients of every parameter that the whole value network as the critic gives, while the
     encoder and the core run once."""
-    agent, data = second_batch(model, truncate=True)
-    with torch.no_grad(), set_recurrent_mode(True):
-        write_values(agent, data)
-        GAE(gamma=0.9, lmbda=0.8, value_network=None)(data)
+    agent, data = batch_with_advantages(model, truncate=True)
     kwargs = {"entropy_coeff": 0.01, "critic_coeff": 0.5, "loss_critic_type": "l2"}
     expected, expected_grads = loss_and_gradients(
         agent, ClipPPOLoss(agent.policy, agent.value, **kwargs), data
@@ -116,11 +122,9 @@ def test_the_shared_pass_critic_equals_the_value_network(model: str) -> None:
 def test_the_shared_pass_critic_needs_the_policy_pass() -> None:
     """Without the policy's fresh pass (A2CLoss runs its actor on a copy) the critic fails
     loudly rather than read nothing or a collected, gradient-free hidden layer."""
-    agent, data = second_batch("lstm", truncate=False)
+    agent, data = batch_with_advantages("lstm", truncate=False)
     with pytest.raises(KeyError, match="hidden.*run its actor first"):
         agent.loss_critic(data.exclude(*INTERMEDIATE_KEYS))
     loss = A2CLoss(agent.policy, agent.loss_critic, critic_coeff=0.5)
     with set_recurrent_mode(True), pytest.raises(KeyError, match="A2CLoss does not"):
-        write_values(agent, data)
-        GAE(gamma=0.9, lmbda=0.8, value_network=None)(data)
         loss(data.exclude(*INTERMEDIATE_KEYS))
