@@ -13,11 +13,11 @@ from rl_standins import Reach, make_reach_env
 from safetensors.torch import load_file
 
 from relmem.models import LSTMModelConfig
-from relmem.rl.config import LearnerConfig
+from relmem.rl.config import BoxWorldConfig, LearnerConfig
 from relmem.rl.game_task import GameTask
 from relmem.rl.tasks import boxworld_cpu, rl_trainer
 from relmem.tasks.registry import registered
-from relmem.train.checkpoint import load_train_state
+from relmem.train.checkpoint import best_checkpoint, load_train_state
 from relmem.train.config import OptimConfig, TrainConfig
 from relmem.train.loop import run
 
@@ -139,6 +139,57 @@ def test_eval_plot_and_play_commands(reach_task, tmp_path: Path, capsys) -> None
     assert "--episodes must be >= 1" in capsys.readouterr().err
     assert play.main([str(result.run_dir), "--out", str(tmp_path / "x.txt")]) == 2
     assert "--out must end in .gif or .png" in capsys.readouterr().err
+
+
+def test_best_validation_weights_are_kept_and_played(reach_task, tmp_path: Path, capsys) -> None:
+    """``checkpoints/best`` holds the weights of the best evaluation on the validation levels
+    (the first of equals); ``relmem eval`` and ``relmem play`` use them by default."""
+    from relmem.commands import evaluate, play
+
+    result = run(reach_config(tmp_path, steps=8, eval_every=2, checkpoint_every=2), "reach")
+    evals = [(r["step"], r["eval/solved"]) for r in records(result.run_dir) if "eval/solved" in r]
+    assert [step for step, _ in evals] == [2, 4, 6, 8]
+    best_step, best = max(evals, key=lambda e: (e[1], -e[0]))
+    best_dir = best_checkpoint(result.run_dir)
+    assert best_dir is not None
+    assert json.loads((best_dir / "meta.json").read_text())["step"] == best_step
+    assert result.summary["best_held_out_solved"] == best
+    assert result.summary["best_checkpoint"] == str(best_dir)
+    assert evaluate.main([str(result.run_dir), "--episodes", "8"]) == 0
+    record = json.loads((result.run_dir / "eval.json").read_text())
+    assert record["checkpoint"] == str(best_dir) and record["step"] == best_step
+    latest = result.run_dir / "checkpoints" / "step-00000008"
+    assert evaluate.main([str(result.run_dir), "--episodes", "8", "--checkpoint", str(latest)]) == 0
+    assert json.loads((result.run_dir / "eval.json").read_text())["step"] == 8
+    capsys.readouterr()
+    assert play.main([str(result.run_dir), "--out", str(tmp_path / "best.png")]) == 0
+    assert str(best_dir) in capsys.readouterr().out
+
+
+def test_training_plays_validation_levels_and_eval_the_test_levels(tmp_path: Path) -> None:
+    """Picking the best weights never sees the levels ``relmem eval`` reports."""
+    from relmem.commands import evaluate as eval_command
+    from relmem.rl.evaluation import evaluate
+
+    seeds: list[int] = []
+
+    def spy(*args, seed: int, **kwargs):
+        seeds.append(seed)
+        return evaluate(*args, seed=seed, **kwargs)
+
+    def build(config: ReachConfig) -> GameTask:
+        return GameTask(Reach, config, solvable=True, make_env=make_reach_env, evaluate=spy)
+
+    with registered("reach", ReachConfig, build, trainer=rl_trainer):
+        config = reach_config(tmp_path, steps=4, eval_every=2)
+        config.task = replace(config.task, valid_seed=7, eval_seed=8)
+        result = run(config, "reach")
+        assert seeds == [7, 7]
+        seeds.clear()
+        assert eval_command.main([str(result.run_dir), "--episodes", "8"]) == 0
+    assert seeds == [8, 8]  # the agent, then the random policy
+    with pytest.raises(ValueError, match="task.valid_seed and task.eval_seed are both 5"):
+        BoxWorldConfig(valid_seed=5, eval_seed=5)
 
 
 def test_impala_with_collector_processes(reach_task, tmp_path: Path) -> None:

@@ -7,9 +7,10 @@ and test perplexity for a language model (a task's further held-out sets, its
 Execute: every length and nesting) is broken down on that set. A run that keeps its best
 weights (``checkpoints/best``) is evaluated there unless ``--checkpoint`` says otherwise.
 
-A run of an RL task (``boxworld``, ``minipacman``) plays ``--episodes`` held-out levels (a fixed
-seeded set, default 1000) with its agent and with a uniform random policy, and reports the
-share solved, the mean return with its standard error and the mean episode length of each.
+A run of an RL task (``boxworld``, ``minipacman``) plays ``--episodes`` test levels (a fixed
+seeded set, default 1000, disjoint from the validation levels that picked its best weights)
+with its agent and with a uniform random policy, and reports the share solved, the mean return
+with its standard error and the mean episode length of each.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class EvalArgs:
         json_out: where to write the result (None: ``RUN_DIR/eval.json``).
         max_parameters: refuse to build a model larger than this (a config.json from
             elsewhere cannot make the command allocate without bound).
-        episodes: held-out episodes of an RL run (its levels are seeded by the run's
+        episodes: test episodes of an RL run (its levels are seeded by the run's
             ``task.eval_seed``).
     """
 
@@ -124,11 +125,12 @@ def _evaluate_rl(args: EvalArgs) -> int:
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.task.eval_seed)
-        results = {"agent": task.evaluate(agent, args.episodes)}
-        results["random"] = task.evaluate(None, args.episodes)
+        seed = config.task.eval_seed
+        results = {"agent": task.evaluate(agent, args.episodes, seed)}
+        results["random"] = task.evaluate(None, args.episodes, seed)
     step = json.loads((ckpt / "meta.json").read_text())["step"]
     print(f"{task_name} / {config.model}, checkpoint {ckpt} (step {step})")
-    print(f"{args.episodes} held-out episodes (levels seeded by {config.task.eval_seed}):")
+    print(f"{args.episodes} test episodes (levels seeded by {seed}):")
     for who, r in results.items():
         solved = f"solved {100 * r['solved']:5.1f}%, " if "solved" in r else ""
         print(

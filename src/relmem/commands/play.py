@@ -1,8 +1,9 @@
 """``relmem play RUN_DIR --episodes N --out FILE.gif``: episodes of a trained RL agent as a GIF
 or a PNG strip.
 
-The episodes are the run's held-out levels (episode ``i`` is the level ``relmem eval`` plays
-as its ``i``-th), drawn by :mod:`relmem.rl.render`: the whole board beside what the agent sees,
+The episodes are the run's test levels (episode ``i`` is the level ``relmem eval`` plays as its
+``i``-th), played by its best weights on the validation levels (or its latest, for a run that
+keeps none), drawn by :mod:`relmem.rl.render`: the whole board beside what the agent sees,
 tinted by the RMC's attention over the observed cells when the core is the RMC.
 """
 
@@ -28,11 +29,12 @@ class PlayArgs:
 
     Attributes:
         run_dir: the run directory written by ``relmem train boxworld`` / ``minipacman``.
-        episodes: how many held-out episodes, one after the other.
+        episodes: how many test episodes, one after the other.
         out: a ``.gif`` (animated) or ``.png`` (a strip of frames); None: ``RUN_DIR/play.gif``.
-        checkpoint: a checkpoint directory instead of the run's latest.
+        checkpoint: a checkpoint directory instead of the run's best (``checkpoints/best``) or,
+            without one, its latest.
         greedy: take the most probable action instead of sampling it.
-        seed: the held-out levels' seed (None: the run's ``task.eval_seed``).
+        seed: the levels' seed (None: the run's test levels, ``task.eval_seed``).
         fps: GIF frames per second.
         scale: pixels per board cell.
         max_parameters: refuse to build a model larger than this.

@@ -48,10 +48,14 @@ class LearnerConfig:
         backend: where IMPALA's collectors run, TorchRL's collector backend: 'process' (this
             host), 'ray' (a Ray cluster's nodes), 'distributed' (torch.distributed workers
             TorchRL launches) or 'submitit' (the same on a SLURM cluster); ``docs/rl.md`` §4.6.
-        eval_episodes: held-out episodes played at each evaluation (a fixed seeded set of
-            levels, the same at every evaluation; ``relmem eval`` plays 1000 by default).
-        eval_seed: the seed of the held-out levels (disjoint from training: the training
-            environments are seeded from ``--seed`` through another stream).
+        eval_episodes: validation episodes played at each of training's evaluations (a fixed
+            seeded set of levels, the same at every evaluation).
+        valid_seed: the seed of the validation levels: training's evaluations play them, and
+            the weights that score best on them are kept as ``checkpoints/best``.
+        eval_seed: the seed of the test levels that ``relmem eval`` and ``relmem play`` play
+            (1000 episodes by default). Both level sets are disjoint from training's (the
+            training environments are seeded from ``--seed`` through another stream) and from
+            each other, so that picking the best checkpoint never looks at the test levels.
     """
 
     algorithm: Literal["ppo", "impala"] = "ppo"
@@ -67,6 +71,7 @@ class LearnerConfig:
     collectors: int = 2
     backend: Literal["process", "ray", "distributed", "submitit"] = "process"
     eval_episodes: int = 200
+    valid_seed: int = 10_000_000
     eval_seed: int = 20_000_000
 
     def check_learner(self) -> None:
@@ -74,7 +79,13 @@ class LearnerConfig:
         check_choice("task.algorithm", self.algorithm, ALGORITHMS)
         check_choice("task.backend", self.backend, BACKENDS)
         check_at_least("task.", self, unroll=1, epochs=1, minibatches=1, collectors=1)
-        check_at_least("task.", self, eval_episodes=1, eval_seed=0)
+        check_at_least("task.", self, eval_episodes=1, valid_seed=0, eval_seed=0)
+        if self.valid_seed == self.eval_seed:
+            raise ValueError(
+                f"task.valid_seed and task.eval_seed are both {self.eval_seed}: the validation "
+                "levels that pick checkpoints/best would be the test levels; give them "
+                "different seeds"
+            )
         check_at_least("task.", self, entropy_coeff=0.0, critic_coeff=0.0)
         check_positive("task.", self, "clip_epsilon")
         for name in ("gamma", "lmbda"):

@@ -18,6 +18,10 @@ model saves its place in the corpus.
   collector's carried TensorDict (the last observation, ``is_init``, the running return and
   length, and the agent's recurrent state). Torch's global generator, which samples the
   actions, is the trainer's to save.
+- **Held-out levels**: training's evaluations play ``eval_episodes`` validation levels
+  (``valid_seed``) and keep the weights that score best on them as ``checkpoints/best``
+  (``keep_best``); ``relmem eval`` plays the test levels (``eval_seed``), which nothing in
+  training has seen.
 """
 
 from __future__ import annotations
@@ -130,7 +134,7 @@ class GameTask:
     """
 
     stateful = False
-    keep_best = False
+    keep_best = True
     group_name = "group"
     num_groups = 0
 
@@ -220,12 +224,22 @@ class GameTask:
         return episode_measures(batch, self.solvable)
 
     def held_out(self, device: torch.device) -> Any:
-        """The held-out levels: ``eval_episodes`` episodes from ``eval_seed``."""
-        return HeldOutLevels(self.config.eval_seed, self.config.eval_episodes)
+        """The levels of training's evaluations: ``eval_episodes`` validation episodes from
+        ``valid_seed``."""
+        return HeldOutLevels(self.config.valid_seed, self.config.eval_episodes)
 
-    def evaluate(self, agent: nn.Module | None, episodes: int | None = None) -> dict[str, float]:
-        """Play the held-out levels with ``agent``'s policy (None: a uniform random policy):
-        ``solved`` and ``solved_se`` (a solvable game), ``return``, ``return_se``, ``length``."""
+    def evaluate(
+        self, agent: nn.Module | None, episodes: int | None = None, seed: int | None = None
+    ) -> dict[str, float]:
+        """Play held-out levels with ``agent``'s policy (None: a uniform random policy):
+        ``solved`` and ``solved_se`` (a solvable game), ``return``, ``return_se``, ``length``.
+
+        Args:
+            agent: the agent, or None for a uniform random policy.
+            episodes: episodes to play (None: ``eval_episodes``).
+            seed: the levels' seed (None: the validation levels, ``valid_seed``; ``relmem
+                eval`` passes the test levels' ``eval_seed``).
+        """
         if self.play is None:
             from relmem.rl.evaluation import evaluate
 
@@ -234,7 +248,7 @@ class GameTask:
             self.game,
             None if agent is None else agent.policy,
             episodes=episodes or self.config.eval_episodes,
-            seed=self.config.eval_seed,
+            seed=self.config.valid_seed if seed is None else seed,
             **self.options,
         )
         figures = {

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from relmem.tasks.registry import get_task
+from relmem.train.checkpoint import best_checkpoint
 from relmem.train.config import TrainConfig
 from relmem.train.runs import MAX_PARAMETERS, load_run_config, load_trained
 
@@ -45,20 +46,23 @@ def load_agent(
 
     Args:
         run_dir: the run directory.
-        checkpoint: a checkpoint directory; None: the run's latest (or the newest intact one,
-            named on stderr).
+        checkpoint: a checkpoint directory; None: the run's best on the validation levels
+            (``checkpoints/best``), or for a run that has none, its latest (or the newest
+            intact one, named on stderr).
         device: where to put the agent.
         max_parameters: refuse a larger agent.
 
     Returns:
         ``(config, task_name, task, agent in eval mode, checkpoint directory)``.
     """
+    checkpoint = checkpoint or best_checkpoint(run_dir)
     return load_trained(run_dir, checkpoint, device, max_parameters, build=agent_of)
 
 
 def plot_curves(records: list[dict[str, Any]], path: Path, title: str, solvable: bool) -> None:
     """Episode return (and, for a solvable game, the share of levels solved) of the training
-    episodes and of the held-out evaluations, against steps (top) and minutes (bottom)."""
+    episodes and of the evaluations on the validation levels, against steps (top) and minutes
+    (bottom)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -70,7 +74,7 @@ def plot_curves(records: list[dict[str, Any]], path: Path, title: str, solvable:
     for row, xkey, xlabel, scale in ((0, "step", "step", 1.0), (1, "time_s", "minutes", 60.0)):
         for col, name in enumerate(names):
             ax = axes[row][col]
-            for prefix, label in (("train", "training episodes"), ("eval", "held-out levels")):
+            for prefix, label in (("train", "training episodes"), ("eval", "validation levels")):
                 key = f"{prefix}/{name}"
                 points = [
                     (r[xkey] / scale, r[key])

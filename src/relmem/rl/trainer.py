@@ -12,7 +12,7 @@ Metrics (``train/...`` over the steps since the last log line, as sums and count
 (BoxWorld), ``return`` and ``length`` of the episodes that ended, the loss and its terms
 (``loss_objective``, ``loss_critic``, ``loss_entropy``), ``perf/frames_per_s``; at the
 evaluation cadence ``eval/solved``, ``eval/return``, ``eval/return_se``, ``eval/length`` on the
-task's fixed held-out levels.
+task's fixed validation levels, whose best weights are kept as ``checkpoints/best``.
 """
 
 from __future__ import annotations
@@ -107,13 +107,15 @@ class RLTrainer(Trainer):
         return metrics
 
     def evaluate(self, on_grid: bool = True) -> dict[str, float]:
-        """The agent on the task's held-out levels (torch's generator is left as it was, so
-        an evaluation changes nothing in the training that follows)."""
+        """The agent on the task's validation levels (torch's generator is left as it was, so
+        an evaluation changes nothing in the training that follows); the weights go to
+        ``checkpoints/best`` when they beat every earlier evaluation."""
         was_training = self.model.training
         self.model.eval()
         with torch.random.fork_rng(devices=[]):
             result = self.task.evaluate(self.model)
         self.model.train(was_training)
+        self.keep_if_best(result[self.metric.name])
         return {f"eval/{name}": value for name, value in result.items()}
 
     def summary(

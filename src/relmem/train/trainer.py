@@ -430,9 +430,7 @@ class Trainer:
             best = batch_value
         if on_grid:
             self.progress.best_batch = best
-        if self.task.keep_best and self.metric.improves(result[m], self.progress.best_held_out):
-            self.progress.best_held_out = result[m]
-            self.save_best()
+        self.keep_if_best(result[m])
         if on_grid and config.optim.schedule == "plateau":
             self.plateau(result["loss"])
         metrics = {
@@ -519,6 +517,13 @@ class Trainer:
         """The factor on ``optim.lr`` at ``step``: the schedule's, times the 'plateau'
         reductions so far."""
         return lr_multiplier(step, self.config) * self.progress.lr_scale
+
+    def keep_if_best(self, value: float) -> None:
+        """For a task with ``keep_best``: if ``value``, the primary metric on the held-out
+        set, beats the best so far, remember it and copy the weights to ``checkpoints/best``."""
+        if self.task.keep_best and self.metric.improves(value, self.progress.best_held_out):
+            self.progress.best_held_out = value
+            self.save_best()
 
     def save_best(self) -> None:
         """Copy the weights to ``checkpoints/best`` (rank 0 writes; all ranks wait)."""
