@@ -35,6 +35,27 @@ def test_levels_do_not_depend_on_the_batch_size() -> None:
     assert other.mean_length != one.mean_length
 
 
+def test_a_long_episode_holds_up_only_the_last_ones() -> None:
+    """The pool: a step plays B counted episode-steps until every episode has begun, so the
+    policy runs at most ceil(total length / B) + the longest length times (batches played one
+    after the other would each wait for their own longest episode: 281 calls here)."""
+    calls = 0
+
+    def zero(obs: torch.Tensor) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        return torch.zeros(obs.shape[0], dtype=torch.int64)
+
+    policy = TensorDictModule(zero, in_keys=[keys.OBSERVATION], out_keys=[keys.ACTION])
+    lengths = (1, 1, 1, 1, 1, 1, 1, 40)
+    result = evaluate(CounterEnv, policy, episodes=64, seed=0, batch_size=8, lengths=lengths)
+    total = round(result.mean_length * 64)  # reward 1 per step: return = length
+    assert calls <= math.ceil(total / 8) + 40, (calls, total)
+    assert result == evaluate(
+        CounterEnv, always_zero(), episodes=64, seed=0, batch_size=64, lengths=lengths
+    )
+
+
 def test_random_policy_figures() -> None:
     """Uniform actions: reward 1 with probability 1/3 per step, lengths uniform on {2, 3, 4}."""
     result = evaluate(CounterEnv, None, episodes=600, seed=0, batch_size=200)

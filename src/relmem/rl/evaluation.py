@@ -6,9 +6,13 @@ the ``i``-th child of ``numpy.random.SeedSequence([HELD_OUT_TAG, s])``: its leve
 and the random policy meet exactly the same levels. Training environments are seeded with a
 plain integer (``SeedSequence(seed)``), whose streams differ from these.
 
-Episodes are batched: ``batch_size`` instances are stepped together until each has finished
-its one episode (an instance that finished early is restarted on a level that is not counted,
-because the batched core may not be stepped after an end).
+Episodes are batched as a pool: ``batch_size`` instances are stepped together, and an instance
+whose episode ends starts the next episode not yet begun, on that episode's own generator. A
+long episode then holds up only the last few, where batches played one after the other would
+each wait for their own longest episode (a Mini PacMan agent that survives to the 3,000-step
+cap made 1,000-episode evaluations run for minutes). Once every episode has begun, an instance
+that ends is restarted on a level that is not counted (the batched core may not be stepped
+after an end) until the last counted episode ends.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 import torch
 from tensordict.nn import TensorDictModuleBase
 from torchrl.envs import ExplorationType, InitTracker, TransformedEnv, set_exploration_type
+from torchrl.envs.utils import step_mdp
 from torchrl.modules.utils import get_primers_from_module
 
 from relmem.rl import keys
@@ -68,35 +73,45 @@ def held_out_generators(seed: int, start: int, count: int) -> list[np.random.Gen
 def _play(
     core: BatchedEnv,
     policy: TensorDictModuleBase | None,
+    levels: list[np.random.Generator],
     generator: torch.Generator,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """One episode per instance of ``core``: ``(returns [B], lengths [B], solved [B] | None)``."""
+    """Play one episode per generator in ``levels`` (episode ``i`` on ``levels[i]``) on the
+    instances of ``core`` as a pool: ``(returns [E], lengths [E], solved [E] | None)``."""
     env = TransformedEnv(TorchRLBatchedEnv(core), InitTracker(init_key=keys.IS_INIT))
     if policy is not None:
         primers = get_primers_from_module(policy, warn=False)
         if primers is not None:
             env.append_transform(primers)
-    B = core.batch_size
-    returns, lengths = np.zeros(B), np.zeros(B, dtype=np.int64)
-    solved = np.zeros(B, dtype=bool) if "solved" in core.info() else None
-    finished = np.zeros(B, dtype=bool)
+    B, E = core.batch_size, len(levels)
+    returns, lengths = np.zeros(E), np.zeros(E, dtype=np.int64)
+    solved = np.zeros(E, dtype=bool) if "solved" in core.info() else None
+    finished = np.zeros(E, dtype=bool)
+    episode = np.arange(B)  # the episode each instance plays; -1: an uncounted one
+    begun = B
+    core.generators = list(levels[:B])
     td = env.reset()
     while not finished.all():
         if policy is None:
-            action = torch.randint(core.num_actions, (B,), generator=generator)
-            td.set(keys.ACTION, action)
+            td.set(keys.ACTION, torch.randint(core.num_actions, (B,), generator=generator))
         else:
             td = policy(td)
-        td, td_next = env.step_and_maybe_reset(td)
-        playing = ~finished
-        returns[playing] += td["next", keys.REWARD][:, 0].numpy()[playing]
-        lengths[playing] += 1
-        done = td["next", keys.DONE][:, 0].numpy()
-        ended = playing & done
+        td = env.step(td)
+        counted = episode >= 0
+        played = episode[counted]
+        returns[played] += td["next", keys.REWARD][:, 0].numpy()[counted]
+        lengths[played] += 1
+        ended = counted & td["next", keys.DONE][:, 0].numpy()
         if solved is not None:
-            solved[ended] = td["next", "info", "solved"].numpy()[ended]
-        finished |= done
-        td = td_next
+            solved[episode[ended]] = td["next", "info", "solved"].numpy()[ended]
+        finished[episode[ended]] = True
+        for b in np.flatnonzero(ended):  # restarted by the reset below, on the next level
+            if begun < E:
+                episode[b], core.generators[b] = begun, levels[begun]
+                begun += 1
+            else:
+                episode[b] = -1
+        td = env.maybe_reset(step_mdp(td, keep_other=True))
     return returns, lengths, solved
 
 
@@ -119,7 +134,7 @@ def evaluate(
             uniform random policy.
         episodes: how many episodes (default 1000).
         seed: picks the held-out set (:func:`held_out_generators`).
-        batch_size: episodes stepped together.
+        batch_size: instances stepped together (the pool's size).
         greedy: take the policy's most probable action instead of sampling it.
         **options: the game's parameters (``grid_size``, ``observation``, ...).
 
@@ -132,19 +147,13 @@ def evaluate(
     cls = game_class(game) if isinstance(game, str) else game
     random_actions = torch.Generator().manual_seed(seed)
     exploration = ExplorationType.DETERMINISTIC if greedy else ExplorationType.RANDOM
-    results = []
     with torch.no_grad(), set_exploration_type(exploration):
-        for start in range(0, episodes, batch_size):
-            count = min(batch_size, episodes - start)
-            core = cls(batch_size=count, seed=seed, **options)
-            core.generators = held_out_generators(seed, start, count)
-            results.append(_play(core, policy, random_actions))
-    returns = np.concatenate([r[0] for r in results])
-    lengths = np.concatenate([r[1] for r in results])
+        core = cls(batch_size=min(batch_size, episodes), seed=seed, **options)
+        levels = held_out_generators(seed, 0, episodes)
+        returns, lengths, solved = _play(core, policy, levels, random_actions)
     stderr = float(returns.std(ddof=1) / math.sqrt(episodes)) if episodes > 1 else 0.0
     solve_rate = solve_stderr = None
-    if results[0][2] is not None:
-        solved = np.concatenate([r[2] for r in results])
+    if solved is not None:
         solve_rate = float(solved.mean())
         solve_stderr = math.sqrt(solve_rate * (1 - solve_rate) / episodes)
     return Evaluation(
