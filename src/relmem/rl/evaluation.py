@@ -121,7 +121,7 @@ def evaluate(
     *,
     episodes: int = 1000,
     seed: int = 0,
-    batch_size: int = 250,
+    batch_size: int = 64,
     greedy: bool = False,
     **options: Any,
 ) -> Evaluation:
@@ -134,7 +134,10 @@ def evaluate(
             uniform random policy.
         episodes: how many episodes (default 1000).
         seed: picks the held-out set (:func:`held_out_generators`).
-        batch_size: instances stepped together (the pool's size).
+        batch_size: instances stepped together (the pool's size). The default, 64, is
+            about the fastest for both games on a 2-core CPU: a larger pool steps faster per
+            episode-step but plays the longest episode's tail at its full width (1000 Mini
+            PacMan episodes, the longest at the 3,000-step cap: 22 s at 64, 42 s at 250).
         greedy: take the policy's most probable action instead of sampling it.
         **options: the game's parameters (``grid_size``, ``observation``, ...).
 
