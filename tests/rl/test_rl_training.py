@@ -192,9 +192,15 @@ def test_training_plays_validation_levels_and_eval_the_test_levels(tmp_path: Pat
         BoxWorldConfig(valid_seed=5, eval_seed=5)
 
 
-def test_impala_with_collector_processes(reach_task, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "backend", ["process", pytest.param("distributed", marks=pytest.mark.slow)]
+)
+def test_impala_with_collector_processes(reach_task, tmp_path: Path, backend: str) -> None:
+    """IMPALA's asynchronous collectors, as local processes or as torch.distributed workers."""
     config = reach_config(tmp_path, steps=3, eval_every=3, log_every=1)
-    config.task = ReachConfig(algorithm="impala", unroll=10, collectors=2, eval_episodes=16)
+    config.task = ReachConfig(
+        algorithm="impala", unroll=10, collectors=2, eval_episodes=16, backend=backend
+    )
     config.optim = OptimConfig(optimizer="rmsprop", lr=1e-3, eps=0.01, grad_clip=40.0)
     result = run(config, "reach")
     assert result.status == "completed" and result.summary["steps"] == 3

@@ -46,8 +46,9 @@ class LearnerConfig:
         collectors: IMPALA's collector processes, each stepping ``batch_size`` environments;
             every training step takes the batch of whichever process finished first.
         backend: where IMPALA's collectors run, TorchRL's collector backend: 'process' (this
-            host), 'ray' (a Ray cluster's nodes), 'distributed' (torch.distributed workers
-            TorchRL launches) or 'submitit' (the same on a SLURM cluster); ``docs/rl.md`` §4.6.
+            host), 'ray' (a Ray cluster's nodes), 'distributed' (torch.distributed workers that
+            TorchRL starts as processes of this host) or 'submitit' (torch.distributed workers
+            on a SLURM cluster's nodes); ``docs/rl.md`` §4.6.
         eval_episodes: validation episodes played at each of training's evaluations (a fixed
             seeded set of levels, the same at every evaluation).
         valid_seed: the seed of the validation levels: training's evaluations play them, and

@@ -50,6 +50,12 @@ LOSSES = tuple(MetricSpec(name, False, name.replace("_", " "), name) for name in
 EPISODE_RETURN = "episode_reward"  # RewardSum's key
 EPISODE_LENGTH = "step_count"  # StepCounter's key
 STREAM_ENV = 11  # the training environments' seeds: derive_seed(seed, STREAM_ENV, worker)
+# TorchRL's DistributedCollector launches its workers through submitit unless told otherwise:
+# 'distributed' means this host's processes over torch.distributed ('submitit' a SLURM cluster's)
+BACKEND_OPTIONS = {"distributed": {"launcher": "mp"}}
+# TorchRL 0.14's Ray and distributed collectors stop at once on total_frames=-1 (the endless
+# setting their docs give): they get a bound no run reaches, in whole batches
+ENDLESS_BATCHES = 2**40
 
 EnvFactory = Callable[..., TransformedEnv]
 AgentFactory = Callable[..., nn.Module]
@@ -202,10 +208,11 @@ class GameTask:
                 factories,
                 agent.policy,
                 backend=c.backend,
+                backend_options=BACKEND_OPTIONS.get(c.backend),
                 num_collectors=c.collectors,
                 sync=False,
                 frames_per_batch=frames,
-                total_frames=-1,
+                total_frames=-1 if c.backend == "process" else frames * ENDLESS_BATCHES,
             )
         self._batches = iter(self.collector)
 
