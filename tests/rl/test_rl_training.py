@@ -4,6 +4,7 @@ metrics and bad arguments, on a small stand-in game (``rl_standins``)."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -193,10 +194,21 @@ def test_training_plays_validation_levels_and_eval_the_test_levels(tmp_path: Pat
 
 
 @pytest.mark.parametrize(
-    "backend", ["process", pytest.param("distributed", marks=pytest.mark.slow)]
+    "backend",
+    ["process", *(pytest.param(b, marks=pytest.mark.slow) for b in ("distributed", "ray"))],
 )
-def test_impala_with_collector_processes(reach_task, tmp_path: Path, backend: str) -> None:
-    """IMPALA's asynchronous collectors, as local processes or as torch.distributed workers."""
+def test_impala_with_collector_processes(
+    reach_task, tmp_path: Path, backend: str, monkeypatch
+) -> None:
+    """IMPALA's asynchronous collectors: local processes, torch.distributed workers, or a
+    local Ray cluster's actors (when Ray is installed)."""
+    if backend == "ray":
+        pytest.importorskip("ray")
+        # Ray's workers import the stand-in game from this directory
+        path = os.pathsep.join(
+            filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])
+        )
+        monkeypatch.setenv("PYTHONPATH", path)
     config = reach_config(tmp_path, steps=3, eval_every=3, log_every=1)
     config.task = ReachConfig(
         algorithm="impala", unroll=10, collectors=2, eval_episodes=16, backend=backend
