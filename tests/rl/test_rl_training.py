@@ -218,9 +218,29 @@ def test_impala_with_collector_processes(
     assert result.status == "completed" and result.summary["steps"] == 3
     train = [r for r in records(result.run_dir) if "train/loss_critic" in r]
     assert len(train) == 3 and all(r["perf/frames_per_s"] > 0 for r in train)
-    # asynchronous collection is not replayable: nothing of it is saved
+    # asynchronous collection is not replayable: only the count of resumes is saved, and a
+    # resumed run's collectors play other levels
     state = load_train_state(result.run_dir / "checkpoints/step-00000003")
-    assert state["task_state"] == {}
+    assert state["task_state"] == {"resumes": 0}
+    if backend == "process":
+        config.steps, config.resume = 5, result.run_dir
+        resumed = run(config, "reach")
+        assert resumed.status == "completed" and resumed.summary["steps"] == 5
+        state = load_train_state(resumed.run_dir / "checkpoints/step-00000005")
+        assert state["task_state"] == {"resumes": 1}
+
+
+def test_a_resumed_impala_run_takes_new_level_streams() -> None:
+    task = build_reach(ReachConfig(algorithm="impala", collectors=2))
+    seeds = [task.collector_seeds(3)]
+    for _ in range(2):  # resume from a checkpoint of the latest segment
+        task.load_state_dict(task.state_dict())
+        seeds.append(task.collector_seeds(3))
+    assert task.resumes == 2
+    assert len({s for segment in seeds for s in segment}) == 6
+    legacy = build_reach(ReachConfig(algorithm="impala", collectors=2))
+    legacy.load_state_dict({})  # a checkpoint from before the count existed
+    assert legacy.collector_seeds(3) == seeds[1]
 
 
 @pytest.mark.slow

@@ -18,6 +18,9 @@ model saves its place in the corpus.
   collector's carried TensorDict (the last observation, ``is_init``, the running return and
   length, and the agent's recurrent state). Torch's global generator, which samples the
   actions, is the trainer's to save.
+- **IMPALA's resume**: asynchronous collection cannot be replayed, so a checkpoint holds only
+  how many resumes came before it; a resumed run's collector processes take level streams of
+  their own (:meth:`GameTask.collector_seeds`) instead of replaying those the run began with.
 - **Held-out levels**: training's evaluations play ``eval_episodes`` validation levels
   (``valid_seed``) and keep the weights that score best on them as ``checkpoints/best``
   (``keep_best``); ``relmem eval`` plays the test levels (``eval_seed``), which nothing in
@@ -168,6 +171,8 @@ class GameTask:
         self.collector: Any = None
         self._batches: Iterator[TensorDictBase] | None = None
         self._env: EnvBase | None = None
+        self._impala: tuple[nn.Module, int, int] | None = None  # IMPALA's, until collection
+        self.resumes = 0  # how many resumes led to this run segment (IMPALA's level streams)
 
     def agent(self, model: str, core_config: Any) -> nn.Module:
         """A new agent with ``model``'s core (``rmc``, ``lstm``, ``convlstm``)."""
@@ -191,34 +196,49 @@ class GameTask:
 
     def start(self, agent: nn.Module, batch_size: int, seed: int) -> None:
         """Build the environments and the collector that feeds :meth:`collect` (``batch_size``
-        environments per collector, ``unroll`` steps each per batch)."""
+        environments per collector, ``unroll`` steps each per batch). IMPALA's collector
+        processes start at the first :meth:`collect`, after a resume's :meth:`load_state_dict`
+        has said which level streams they take."""
         c = self.config
-        frames = batch_size * c.unroll
         if c.algorithm == "ppo":
+            frames = batch_size * c.unroll
             self._env = self.env_factory(agent, batch_size, derive_seed(seed, STREAM_ENV, 0))()
             self.collector = Collector(
                 self._env, agent.policy, frames_per_batch=frames, total_frames=-1
             )
+            self._batches = iter(self.collector)
         else:
-            factories = [
-                self.env_factory(agent, batch_size, derive_seed(seed, STREAM_ENV, i))
-                for i in range(c.collectors)
-            ]
-            self.collector = Collector(
-                factories,
-                agent.policy,
-                backend=c.backend,
-                backend_options=BACKEND_OPTIONS.get(c.backend),
-                num_collectors=c.collectors,
-                sync=False,
-                frames_per_batch=frames,
-                total_frames=-1 if c.backend == "process" else frames * ENDLESS_BATCHES,
-            )
+            self._impala = (agent, batch_size, seed)
+
+    def collector_seeds(self, seed: int) -> list[int]:
+        """IMPALA's environment seeds, one per collector process: ``derive_seed(seed,
+        STREAM_ENV, i)``, with the resume count appended after a resume so that resumed
+        collectors play new levels rather than those the run began with."""
+        resumed = (self.resumes,) if self.resumes else ()
+        return [derive_seed(seed, STREAM_ENV, i, *resumed) for i in range(self.config.collectors)]
+
+    def _start_collectors(self) -> None:
+        c = self.config
+        agent, batch_size, seed = self._impala
+        frames = batch_size * c.unroll
+        factories = [self.env_factory(agent, batch_size, s) for s in self.collector_seeds(seed)]
+        self.collector = Collector(
+            factories,
+            agent.policy,
+            backend=c.backend,
+            backend_options=BACKEND_OPTIONS.get(c.backend),
+            num_collectors=c.collectors,
+            sync=False,
+            frames_per_batch=frames,
+            total_frames=-1 if c.backend == "process" else frames * ENDLESS_BATCHES,
+        )
         self._batches = iter(self.collector)
 
     def collect(self) -> TensorDictBase:
         """The next collected batch, ``[B, T]``."""
-        assert self._batches is not None, "GameTask.start() has not been called"
+        if self._batches is None:
+            assert self._impala is not None, "GameTask.start() has not been called"
+            self._start_collectors()
         return next(self._batches)
 
     def sync_weights(self) -> None:
@@ -274,18 +294,25 @@ class GameTask:
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        """The collection's position (PPO): the environments' cores and the collector's
-        carried TensorDict; ``{}`` for IMPALA (asynchronous collection is not replayable)."""
+        """The collection's position. PPO: the environments' cores and the collector's
+        carried TensorDict. IMPALA: only ``resumes``, how many resumes came before
+        (asynchronous collection is not replayable; a resume starts new level streams)."""
         if self._env is None:
-            return {}
+            return {"resumes": self.resumes}
         return {
             "env": to_tensors(batched_core(self._env).state_dict()),
             "carrier": self.collector._carrier.to_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output (after :meth:`start`)."""
-        if not state or self._env is None:
+        """Restore :meth:`state_dict`'s output (after :meth:`start`; IMPALA: before the first
+        :meth:`collect`). An IMPALA checkpoint from before ``resumes`` existed (``{}``) counts
+        as the run's first segment."""
+        if self._env is None:
+            if self.config.algorithm != "ppo":
+                self.resumes = int(state.get("resumes", 0)) + 1
+            return
+        if not state:
             return
         batched_core(self._env).load_state_dict(to_arrays(state["env"]))
         carrier = self.collector._carrier
@@ -295,7 +322,7 @@ class GameTask:
         """Stop the collector (and its processes)."""
         if self.collector is not None:
             self.collector.shutdown()
-            self.collector, self._batches, self._env = None, None, None
+        self.collector, self._batches, self._env, self._impala = None, None, None, None
 
 
 class HeldOutLevels:
