@@ -218,6 +218,7 @@ class GameTask:
         return [derive_seed(seed, STREAM_ENV, i, *resumed) for i in range(self.config.collectors)]
 
     def _start_collectors(self) -> None:
+        """Start IMPALA's asynchronous collectors (``collectors`` of them, on ``backend``)."""
         c = self.config
         agent, batch_size, seed = self._impala
         frames = batch_size * c.unroll
