@@ -123,9 +123,9 @@ def _evaluate_rl(args: EvalArgs) -> int:
     config, task_name, task, agent, ckpt = load_agent(
         args.run_dir, args.checkpoint, device, args.max_parameters
     )
+    seed = config.task.eval_seed
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.task.eval_seed)
-        seed = config.task.eval_seed
+        torch.manual_seed(seed)
         results = {"agent": task.evaluate(agent, args.episodes, seed)}
         results["random"] = task.evaluate(None, args.episodes, seed)
     step = json.loads((ckpt / "meta.json").read_text())["step"]

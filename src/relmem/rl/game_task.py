@@ -298,7 +298,7 @@ class GameTask:
         """The collection's position. PPO: the environments' cores and the collector's
         carried TensorDict. IMPALA: only ``resumes``, how many resumes came before
         (asynchronous collection is not replayable; a resume starts new level streams)."""
-        if self._env is None:
+        if self.config.algorithm != "ppo":
             return {"resumes": self.resumes}
         return {
             "env": to_tensors(batched_core(self._env).state_dict()),
@@ -309,9 +309,8 @@ class GameTask:
         """Restore :meth:`state_dict`'s output (after :meth:`start`; IMPALA: before the first
         :meth:`collect`). An IMPALA checkpoint from before ``resumes`` existed (``{}``) counts
         as the run's first segment."""
-        if self._env is None:
-            if self.config.algorithm != "ppo":
-                self.resumes = int(state.get("resumes", 0)) + 1
+        if self.config.algorithm != "ppo":
+            self.resumes = int(state.get("resumes", 0)) + 1
             return
         if not state:
             return
