@@ -87,7 +87,7 @@ def _cpu(task: Any) -> TrainConfig:
         eval_every=50,
         log_every=5,
         checkpoint_every=50,
-        cpu_threads=1,
+        cpu_threads="auto",
         device="cpu",
     )
 
@@ -100,7 +100,8 @@ def boxworld_cpu() -> TrainConfig:
     distractor branch (on this grid only one-box levels fit, ``docs/rl.md`` §1.3); PPO on 64
     environments x 40 steps, 4 epochs of 4 minibatches, normalised advantages, entropy 0.01,
     Adam 1e-3, clip 40; a small RMC (2 memories x 2 heads x 32) or ``--model lstm`` (128
-    units); one CPU thread; a 20-minute limit; 200 held-out levels at each evaluation.
+    units); both CPU threads while they pay (``--cpu-threads auto``); a 20-minute limit;
+    200 held-out levels at each evaluation.
     """
     task = BoxWorldConfig(
         grid_size=6,
@@ -134,7 +135,7 @@ def boxworld_paper() -> TrainConfig:
 def minipacman_cpu() -> TrainConfig:
     """The default: Mini PacMan ``regular`` with the 5x5 viewport, PPO on 64 environments x 40
     steps (the BoxWorld ``cpu`` preset's learner and cores, the value loss weighted 0.1), 20
-    minutes on one CPU thread.
+    minutes on both CPU threads while they pay (``--cpu-threads auto``).
 
     The viewport, not the full 15 x 19 maze: the RMC reads one input row per cell, and 285
     rows make it train about ten times slower per frame than 25 (about 130 against 1,400
