@@ -68,12 +68,13 @@ def test_bench_writes_json_with_every_implementation(tmp_path: Path) -> None:
     payload = json.loads(path.read_text())
     assert payload["machine"]["torch_threads"] >= 1 and payload["machine"]["cpu"]
     records = {r["implementation"]: r for r in payload["results"]}
-    assert set(records) == {"reference", "fast", "lstm-params", "lstm-width", FLOOR}
+    assert set(records) == {"reference", "fast", "fused", "lstm-params", "lstm-width", FLOOR}
     for record in records.values():
         assert record["config"] == "small" and (record["steps"], record["batch"]) == (3, 2)
         for kind in ("forward", "train"):
             assert record[kind]["median_ms"] > 0 and len(record[kind]["times_ms"]) == 1
     assert records["fast"]["train"]["saved_activation_bytes"] > 0
+    assert records["fused"]["equivalences"] == records["fast"]["equivalences"]
     assert records[FLOOR]["products"]["loop"][0] == {"rows": 4, "inputs": 128, "outputs": 384}
     assert "÷ matmul-floor" in payload["table"]
 
@@ -192,7 +193,7 @@ def test_bench_times_the_port_beside_the_rest(tmp_path: Path, port_file: Path) -
     (path,) = out.glob("bench-cpu-*.json")
     payload = json.loads(path.read_text())
     records = {r["implementation"]: r for r in payload["results"]}
-    assert set(records) == {"reference", "fast", "lstm-params", "lstm-width", FLOOR, PORT}
+    assert set(records) == {"reference", "fast", "fused", "lstm-params", "lstm-width", FLOOR, PORT}
     port = records[PORT]
     assert port["train"]["median_ms"] > 0 and port["forward"]["median_ms"] > 0
     assert port["parameters"] == 32 * 128 + 128  # the stand-in's one projection, F=32 -> M=128

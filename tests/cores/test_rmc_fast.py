@@ -157,27 +157,32 @@ def _input(core: RelationalMemory, steps: int, batch: int, dtype: torch.dtype) -
     return torch.randn(steps, batch, *rows, cfg.input_size, dtype=dtype)
 
 
-def _fast_copy(core: RelationalMemory) -> RelationalMemory:
+def _fast_copy(core: RelationalMemory, implementation: str = "fast") -> RelationalMemory:
     fast = copy.deepcopy(core)
-    fast.implementation = "fast"
-    fast.cell.implementation = "fast"
+    fast.implementation = implementation
+    fast.cell.implementation = implementation
     return fast
+
+
+# The fast path's two steps: recurrent_step in eager ops, and the fused C++ operators.
+STEPS = pytest.mark.parametrize("implementation", ["fast", "fused"])
 
 
 F32_CASES = ["default", "blocks-3", "output-gate-memory", "matrix-blocks-2", "one-slot-e7"]
 F32_CASES += ["agent-cpu", "agent-paper"]
 
 
+@STEPS
 @pytest.mark.parametrize(
     ("case", "dtype"),
     [(c, torch.float64) for c in CASES] + [(c, torch.float32) for c in F32_CASES],
     ids=[f"{c}-f64" for c in CASES] + [f"{c}-f32" for c in F32_CASES],
 )
-def test_sequence_matches_reference(case: str, dtype: torch.dtype) -> None:
+def test_sequence_matches_reference(case: str, dtype: torch.dtype, implementation: str) -> None:
     core = _build(dtype, **CASES[case])
     inputs = _input(core, steps=6, batch=4, dtype=dtype)
     state = _states(core, 4, dtype)
-    _compare(core, _fast_copy(core), inputs, state, TOLERANCE[dtype])
+    _compare(core, _fast_copy(core, implementation), inputs, state, TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize("defer", [True, False], ids=["defer-all", "defer-none"])
@@ -244,13 +249,15 @@ def test_hoist_chunk() -> None:
     assert fast_module.hoist_chunk(nth, torch.empty(8, 64, 1, 5)) == 8
 
 
+@STEPS
 @pytest.mark.parametrize("case", ["default", "output-gate", "one-slot-e7", "query-memory-b2"])
-def test_sequence_with_lengths_matches_reference(case: str) -> None:
+def test_sequence_with_lengths_matches_reference(case: str, implementation: str) -> None:
     core = _build(torch.float64, **CASES[case])
     inputs = _input(core, steps=5, batch=4, dtype=torch.float64)
     state = _states(core, 4, torch.float64)
     lengths = torch.tensor([5, 0, 2, 3])
-    _compare(core, _fast_copy(core), inputs, state, 1e-10, lengths=lengths)
+    fast = _fast_copy(core, implementation)
+    _compare(core, fast, inputs, state, 1e-10, lengths=lengths)
 
 
 def test_packed_and_batch_first_match_reference() -> None:
@@ -280,14 +287,15 @@ def test_packed_and_batch_first_match_reference() -> None:
         "agent-paper",
     ],
 )
-def test_cell_matches_reference(case: str) -> None:
+@STEPS
+def test_cell_matches_reference(case: str, implementation: str) -> None:
     torch.manual_seed(0)
     ref = RelationalMemoryCell(
         **{**BASE, **CASES[case]}, implementation="reference", dtype=torch.float64
     )
     _randomise(ref, torch.Generator().manual_seed(1))
     fast = copy.deepcopy(ref)
-    fast.implementation = "fast"
+    fast.implementation = implementation
     cfg = ref.config
     rows = () if cfg.input_rows is None else (cfg.input_rows,)
     inputs = torch.randn(4, *rows, cfg.input_size, dtype=torch.float64)
@@ -435,14 +443,14 @@ def test_auto_under_user_autocast_matches_reference() -> None:
 def test_fast_path_never_runs_the_reference_step(
     case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """'auto' and 'fast' take the fast route for every option, cell and sequence, with and
-    without lengths: the reference step is made to fail, so a silent fallback would show."""
+    """'auto', 'fast' and 'fused' take the fast route for every option, cell and sequence, with
+    and without lengths: the reference step is made to fail, so a silent fallback would show."""
 
     def no_reference(*args, **kwargs):
         raise AssertionError("the fast path fell back to the reference step")
 
     monkeypatch.setattr("relmem.cores.rmc.module.reference_step", no_reference)
-    for implementation in ("auto", "fast"):
+    for implementation in ("auto", "fast", "fused"):
         core = RelationalMemory(**{**BASE, **CASES[case]}, implementation=implementation)
         inputs = _input(core, 3, 2, torch.float32).requires_grad_()
         for module in (core, FastRelationalMemory(core)):

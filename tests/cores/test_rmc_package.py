@@ -19,12 +19,14 @@ from relmem.cores.rmc import (
 )
 
 PACKAGE = Path(relmem.__file__).parent / "cores" / "rmc"
-# What each file may import from relmem.cores.rmc: config <- (reference, fast) <- module.
+# What each file may import from relmem.cores.rmc: config <- (reference, fast) <- module, and
+# fast <- fused (the fast step's operators in C++) <- module.
 ALLOWED = {
     "config": set(),
     "reference": {"config"},
     "fast": {"config"},
-    "module": {"config", "reference", "fast"},
+    "fused": {"fast"},
+    "module": {"config", "reference", "fast", "fused"},
     "__init__": {"config", "reference", "fast", "module"},
 }
 

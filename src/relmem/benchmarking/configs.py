@@ -10,6 +10,7 @@ PORT = "port"
 IMPLEMENTATIONS = (
     "reference",
     "fast",
+    "fused",
     "fast+compile",
     "fast+graph",
     "fast+graph+bf16",

@@ -34,16 +34,19 @@ def implementations(
 ) -> dict[str, nn.Module]:
     """The modules to time for ``config``: the RMC's implementations and the baselines.
 
-    All RMC implementations share the reference's parameters; ``fast+compile`` only with
-    ``compile_step``, the CUDA-graph ones only on CUDA, ``port`` (the public port's
-    ``RelationalMemory`` class, :mod:`relmem.benchmarking.port`) where it has every option the
-    configuration uses, with its own initialisation.
+    All RMC implementations share the reference's parameters; ``fused`` only on the CPU,
+    ``fast+compile`` only with ``compile_step``, the CUDA-graph ones only on CUDA, ``port``
+    (the public port's ``RelationalMemory`` class, :mod:`relmem.benchmarking.port`) where it
+    has every option the configuration uses, with its own initialisation.
     """
     torch.manual_seed(0)
     reference = RelationalMemory(**config.rmc, implementation="reference", device=device)
     fast = RelationalMemory(**config.rmc, implementation="fast", device=device)
     fast.load_state_dict(reference.state_dict())
     impls: dict[str, nn.Module] = {"reference": reference, "fast": fast}
+    if device.type == "cpu":
+        impls["fused"] = RelationalMemory(**config.rmc, implementation="fused", device=device)
+        impls["fused"].load_state_dict(reference.state_dict())
     if compile_step:
         impls["fast+compile"] = FastRelationalMemory(fast, compile=True)
     if device.type == "cuda":

@@ -3,8 +3,9 @@
 Modules import one way: :mod:`~relmem.cores.rmc.config` (configuration, state, step details;
 no modules) is read by :mod:`~relmem.cores.rmc.reference` (the step of ``docs/rmc.md`` §4,
 the oracle) and :mod:`~relmem.cores.rmc.fast` (the fast path over the weights as data, its
-plan, cost and FLOP models); :mod:`~relmem.cores.rmc.module` (the ``nn.Module``s that own
-the parameters) reads both and dispatches on ``implementation``.
+plan, cost and FLOP models); :mod:`~relmem.cores.rmc.fused` (the fast path's step with its
+small ops in C++ operators, ``csrc/``) reads ``fast``; :mod:`~relmem.cores.rmc.module` (the
+``nn.Module``s that own the parameters) reads them all and dispatches on ``implementation``.
 """
 
 from relmem.cores.rmc.config import (

@@ -17,14 +17,16 @@ from relmem.validation import check_bool
 
 GateStyle = Literal["unit", "memory"] | None
 QueryRows = Literal["all", "memory"]
-Implementation = Literal["auto", "reference", "fast"]
+Implementation = Literal["auto", "reference", "fast", "fused"]
+IMPLEMENTATIONS = ("auto", "reference", "fast", "fused")
 
 
 def check_implementation(name: str, implementation: str) -> str:
-    """Return ``implementation`` if it is 'auto', 'reference' or 'fast'; raise otherwise."""
-    if implementation not in ("auto", "reference", "fast"):
+    """Return ``implementation`` if it is one of :data:`IMPLEMENTATIONS`; raise otherwise."""
+    if implementation not in IMPLEMENTATIONS:
         raise ValueError(
-            f"{name}: implementation must be 'auto', 'reference' or 'fast', got {implementation!r}"
+            f"{name}: implementation must be one of {', '.join(map(repr, IMPLEMENTATIONS))}, "
+            f"got {implementation!r}"
         )
     return implementation
 

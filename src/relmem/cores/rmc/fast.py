@@ -449,8 +449,15 @@ def _defer_weight_grads(weights: _StepWeights, rows_per_step: int | None = None)
     return weights._replace(blocks=blocks, gate_w=gate_w)
 
 
+StepFn = Callable[..., tuple[Tensor, "Tensor | None"]]
+
+
 def fast_cell_step(
-    config: RMCConfig, weights: RMCWeights, rows: Tensor, state: RMCState
+    config: RMCConfig,
+    weights: RMCWeights,
+    rows: Tensor,
+    state: RMCState,
+    step_fn: StepFn = recurrent_step,
 ) -> tuple[Tensor, RMCState]:
     """One step, equal to the reference step without its details.
 
@@ -459,13 +466,14 @@ def fast_cell_step(
         weights: the cell's parameters (``RelationalMemoryCell.fast_weights()``).
         rows: ``[B, n, F]`` the validated step input.
         state: validated :class:`RMCState`.
+        step_fn: the recurrent step (:func:`recurrent_step`, or the fused one).
 
     Returns:
         ``(output [B, N·M], new state)``.
     """
     step_weights = _step_weights(config, weights)
     hoisted = _hoist(config, weights, step_weights, rows)
-    memory, hidden = recurrent_step(
+    memory, hidden = step_fn(
         _step_spec(config),
         step_weights,
         state.memory,
@@ -476,9 +484,6 @@ def fast_cell_step(
     )
     output = (memory if hidden is None else hidden).flatten(1)
     return output, RMCState(memory, hidden)
-
-
-StepFn = Callable[..., tuple[Tensor, "Tensor | None"]]
 
 
 def fast_sequence(

@@ -43,6 +43,7 @@ from relmem.cores.rmc.fast import (
     fast_sequence,
     recurrent_step,
 )
+from relmem.cores.rmc.fused import prepare_fused
 from relmem.cores.rmc.reference import AttentionBlock, AttentionMLP, reference_step
 from relmem.validation import check_bool, check_factory
 
@@ -118,9 +119,11 @@ class RelationalMemoryCell(nn.Module):
         <RMCConfig arguments>
         implementation: 'reference' (the plain step of ``docs/rmc.md`` §4), 'fast' (the same
             function with the exact rewrites of ``docs/rmc.md`` §10 that apply to one step: E4,
-            E5, E6, E7; see :mod:`relmem.cores.rmc.fast`) or 'auto' (default: 'fast', except
-            for ``return_details=True``, which needs every row's attention weights and always
-            runs the reference).
+            E5, E6, E7; see :mod:`relmem.cores.rmc.fast`), 'fused' (the fast step with its small
+            ops joined in C++ operators, CPU only, compiled on first use; see
+            :mod:`relmem.cores.rmc.fused`) or 'auto' (default: 'fast', except for
+            ``return_details=True``, which needs every row's attention weights and always runs
+            the reference).
         device, dtype: factory arguments for every parameter.
 
     Shapes:
@@ -406,7 +409,10 @@ class RelationalMemoryCell(nn.Module):
         if return_details or self.implementation == "reference":
             output, new_state, details = self.step(rows, state)
             return (output, new_state, details) if return_details else (output, new_state)
-        return fast_cell_step(self.config, self.fast_weights(), rows, state)
+        step_fn = recurrent_step
+        if self.implementation == "fused":
+            step_fn = prepare_fused(rows.device)
+        return fast_cell_step(self.config, self.fast_weights(), rows, state, step_fn)
 
 
 @_document_arguments
@@ -424,8 +430,10 @@ class RelationalMemory(nn.Module):
         implementation: 'reference' (the plain time loop over ``cell.step``, the test oracle),
             'fast' (:func:`relmem.cores.rmc.fast.fast_sequence`: input-only work hoisted out of
             the loop and the step rewritten with the exact equivalences of ``docs/rmc.md`` §10;
-            every option is supported) or 'auto' (default; currently always 'fast', which
-            matches the reference to float rounding). bf16, ``torch.compile`` and CUDA graphs
+            every option is supported), 'fused' (the same with the step's small ops joined in
+            C++ operators with their own backward: CPU only, compiled on first use, every
+            option; :mod:`relmem.cores.rmc.fused`) or 'auto' (default; currently always 'fast',
+            which matches the reference to float rounding). bf16, ``torch.compile`` and CUDA graphs
             are opt-in through :class:`FastRelationalMemory`.
         device, dtype: factory arguments for every parameter.
 
@@ -556,8 +564,13 @@ class RelationalMemory(nn.Module):
         cell = self.cell
         seq, rows, state = self.prepare(input, state, lengths)
         if self.implementation != "reference":
+            step_fn = recurrent_step
+            if self.implementation == "fused":
+                step_fn = prepare_fused(rows.device)
             weights = cell.fast_weights()
-            outputs, final_state = fast_sequence(cell.config, weights, rows, state, seq.lengths)
+            outputs, final_state = fast_sequence(
+                cell.config, weights, rows, state, seq.lengths, step_fn
+            )
             return finish_sequence(outputs, seq, self.batch_first), final_state
 
         def step(rows_t: Tensor, state_t: RMCState) -> tuple[Tensor, RMCState]:

@@ -1,0 +1,125 @@
+"""The fused CPU step: :func:`recurrent_step`'s arithmetic with its small ops joined in C++.
+
+On small cores the fast path's step is made of per-op overhead on small tensors, not
+arithmetic (``docs/performance.md`` §4.1, §4.6): LayerNorms, a ``cat``, attention over a handful
+of keys, gates and ``tanh``, each an eager op with its autograd node. ``implementation='fused'``
+runs the same step with four C++ operators, each with a hand-written backward
+(``csrc/fused_step.cpp``): ``attend_block`` (LN_qkv, attention of the query rows over the step's
+rows and the hoisted input rows without joining them, the residual and LN_attn),
+``add_layer_norm`` (the MLP's residual and LayerNorm), ``gate_update`` (the gates, the blend and
+the output gate) and ``tanh`` (the recurrent input). The weight products stay ATen GEMMs and
+E1–E3 and E10 apply as on the fast path (:func:`relmem.cores.rmc.fast.fast_sequence` runs this
+step). The reference remains the oracle (``tests/cores/test_rmc_fused.py``).
+
+The operators are compiled on first use with ``torch.utils.cpp_extension`` (a C++ compiler and
+``ninja`` are needed; the build is cached under ``~/.cache/torch_extensions``). CPU only.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from relmem.cores.rmc.fast import StepFn, _linear, _mlp, _StepSpec, _StepWeights
+
+_SOURCE = Path(__file__).with_name("csrc") / "fused_step.cpp"
+
+
+@functools.cache
+def load_fused_ops() -> None:
+    """Compile (once per machine and source) and load the fused step's operators.
+
+    Raises:
+        RuntimeError: the build failed, with the compiler's reason and the way out.
+    """
+    from torch.utils import cpp_extension
+
+    try:
+        cpp_extension.load(
+            name="relmem_fused_step",
+            sources=[str(_SOURCE)],
+            extra_cflags=["-O3", "-march=native", "-fopenmp-simd"],
+            is_python_module=False,
+            verbose=False,
+        )
+    except (RuntimeError, OSError, ImportError) as error:
+        raise RuntimeError(
+            "implementation='fused' compiles a C++ extension on first use and could not build "
+            f"it ({error}). It needs a C++ compiler (g++) and the ninja package (pip install "
+            "ninja); implementation='fast' runs the same arithmetic without it."
+        ) from error
+
+
+def prepare_fused(device: torch.device) -> StepFn:
+    """The fused step for inputs on ``device``, its operators loaded.
+
+    Raises:
+        ValueError: ``device`` is not the CPU (the operators are CPU kernels).
+        RuntimeError: the operators could not be built (:func:`load_fused_ops`).
+    """
+    if device.type != "cpu":
+        raise ValueError(
+            f"implementation='fused' runs on the CPU only, got input on {device}; use "
+            "implementation='fast' (or FastRelationalMemory's CUDA graphs) on a GPU"
+        )
+    load_fused_ops()
+    return fused_step
+
+
+def fused_step(
+    spec: _StepSpec,
+    weights: _StepWeights,
+    memory: Tensor,
+    hidden: Tensor | None,
+    x: Tensor,
+    z_inputs: tuple[Tensor | None, ...],
+    gate_x: Tensor | None,
+) -> tuple[Tensor, Tensor | None]:
+    """One recurrent step with the fused operators; the arguments and results of
+    :func:`relmem.cores.rmc.fast.recurrent_step`.
+
+    Args:
+        spec: static sizes and options.
+        weights: the in-loop tensors (``_step_weights``), banked for E10 or not.
+        memory: ``[B, N, M]`` m_{t-1}. hidden: ``[B, N, M]`` h_{t-1}, or None.
+        x: ``[B, n, M]`` the projected input rows.
+        z_inputs: per block, the input rows' hoisted ``LN_qkv`` ``[B, n, Q]``, or None.
+        gate_x: ``[B, W]`` the hoisted input-gate term with every gate bias, or None.
+
+    Returns:
+        ``(m_t, h_t)``: ``[B, N, M]`` each (h_t is None without ``output_gate``).
+    """
+    ops = torch.ops.relmem_fused
+    n_slots = spec.slots
+    rows_mem, rows_in = memory, x  # [B, N, M], [B, n, M]
+    last = len(weights.blocks) - 1
+    for index, block in enumerate(weights.blocks):
+        z_in = z_inputs[index]
+        full = spec.query_all and index < last
+        joined = torch.cat([rows_mem, rows_in], dim=1) if full or z_in is None else None
+        if z_in is None:  # the input rows were updated by the previous block
+            y = _linear(joined, block.qkv_w, block.qkv_b)  # [B, N+n, Q]
+            z_in = y.new_empty((y.shape[0], 0, y.shape[2]))
+        else:
+            y = _linear(rows_mem, block.qkv_w, block.qkv_b)  # [B, N, Q]
+        residual = joined if full else rows_mem  # [B, R_q, M]
+        h = ops.attend_block(
+            y, z_in, residual, *block.qkv_ln, *block.attn_ln, spec.heads, spec.key, spec.value
+        )
+        h = ops.add_layer_norm(_mlp(h, block.mlp), h, *block.mlp_ln)
+        if full:
+            rows_mem, rows_in = h[:, :n_slots], h[:, n_slots:]
+        else:
+            rows_mem = h
+    if gate_x is None:  # no gating
+        return rows_mem, None
+    assert weights.gate_w is not None
+    recurrent = hidden if spec.output_gate else ops.tanh(memory)
+    pre = _linear(recurrent, weights.gate_w)  # [B, N, W]
+    new_memory, new_hidden = ops.gate_update(
+        pre, gate_x, rows_mem, memory, spec.gate, spec.output_gate
+    )
+    return new_memory, new_hidden if spec.output_gate else None

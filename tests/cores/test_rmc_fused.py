@@ -1,0 +1,119 @@
+"""The fused step's C++ operators (``relmem.cores.rmc.fused``): each operator's backward by
+``gradcheck``, that ``implementation='fused'`` really runs them, and its errors.
+
+Its equivalence with the reference over every option, forward and backward, states included,
+is in ``test_rmc_fast.py`` (the ``fused`` parameter of its comparisons).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+from torch.profiler import ProfilerActivity, profile
+
+import relmem.cores.rmc.fused as fused_module
+from relmem.cores.rmc import RelationalMemory, RelationalMemoryCell
+
+fused_module.load_fused_ops()
+OPS = torch.ops.relmem_fused
+
+
+def _double(*shape: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(*shape, dtype=torch.float64, generator=generator).requires_grad_()
+
+
+@pytest.mark.parametrize(
+    ("rows_y", "rows_z", "rows_q"),
+    [(3, 1, 3), (3, 2, 5), (4, 0, 4), (4, 0, 2)],
+    ids=["memory-queries", "all-queries", "no-hoisted-rows", "fewer-queries"],
+)
+def test_attend_block_gradients(rows_y: int, rows_z: int, rows_q: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    heads, key, value, batch = 2, 3, 4, 2
+    q_width, m_width = heads * (2 * key + value), heads * value
+    args = (
+        _double(batch, rows_y, q_width, generator=g),
+        _double(batch, rows_z, q_width, generator=g),
+        _double(batch, rows_q, m_width, generator=g),
+        _double(q_width, generator=g),
+        _double(q_width, generator=g),
+        _double(m_width, generator=g),
+        _double(m_width, generator=g),
+    )
+
+    def attend(*tensors):
+        return OPS.attend_block(*tensors, heads, key, value)
+
+    assert gradcheck(attend, args)
+
+
+def test_add_layer_norm_and_tanh_gradients() -> None:
+    g = torch.Generator().manual_seed(1)
+    a, b = _double(2, 3, 5, generator=g), _double(2, 3, 5, generator=g)
+    gamma, beta = _double(5, generator=g), _double(5, generator=g)
+    assert gradcheck(OPS.add_layer_norm, (a, b, gamma, beta))
+    assert gradcheck(OPS.tanh, (_double(3, 7, generator=g),))
+    x = torch.linspace(-20, 20, 101, dtype=torch.float64)
+    torch.testing.assert_close(OPS.tanh(x), torch.tanh(x), rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("gate", [1, 4], ids=["memory-gate", "unit-gate"])
+@pytest.mark.parametrize("output_gate", [False, True])
+@pytest.mark.parametrize("used", ["both", "memory", "hidden"])
+def test_gate_update_gradients(gate: int, output_gate: bool, used: str) -> None:
+    """Both outputs' gradients, and either alone (the other undefined in the backward)."""
+    g = torch.Generator().manual_seed(2)
+    width = (3 if output_gate else 2) * gate
+    args = (
+        _double(2, 3, width, generator=g),
+        _double(2, width, generator=g),
+        _double(2, 3, 4, generator=g),
+        _double(2, 3, 4, generator=g),
+    )
+
+    def update(*tensors):
+        memory, hidden = OPS.gate_update(*tensors, gate, output_gate)
+        return {"both": (memory, hidden), "memory": memory, "hidden": hidden}[used]
+
+    assert gradcheck(update, args)
+
+
+def test_fused_implementation_runs_the_fused_operators() -> None:
+    """'fused' is not the eager step under another name: its operators show in a profile."""
+    core = RelationalMemory(5, 3, 4, num_heads=2, implementation="fused")
+    inputs = torch.randn(3, 2, 5, requires_grad=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        output, state = core(inputs)
+        (output.sum() + state.memory.sum()).backward()
+        core.cell(inputs[0])[0].sum().backward()
+    names = {event.key for event in prof.key_averages()}
+    for op in ("attend_block", "add_layer_norm", "tanh", "gate_update"):
+        assert f"relmem_fused::{op}" in names, op
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" not in names
+
+
+def test_fused_refuses_other_devices() -> None:
+    core = RelationalMemory(5, 3, 4, implementation="fused", device="meta")
+    with pytest.raises(ValueError, match="CPU only.*implementation='fast'"):
+        core(torch.empty(3, 2, 5, device="meta"))
+    cell = RelationalMemoryCell(5, 3, 4, implementation="fused", device="meta")
+    with pytest.raises(ValueError, match="CPU only"):
+        cell(torch.empty(2, 5, device="meta"))
+
+
+def test_build_failure_names_the_way_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.utils import cpp_extension
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("Error building extension: c++: not found")
+
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    fused_module.load_fused_ops.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="c\\+\\+: not found.*ninja.*'fast'"):
+            fused_module.load_fused_ops()
+    finally:
+        monkeypatch.undo()
+        fused_module.load_fused_ops.cache_clear()
+        fused_module.load_fused_ops()
