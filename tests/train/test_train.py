@@ -51,6 +51,21 @@ def test_tiny_run_learns(tiny, model: str) -> None:
     assert task_name == "nth-farthest" and reloaded == config
 
 
+def test_rmc_implementation_reaches_the_core(tiny) -> None:
+    """``--rmc.implementation fused`` trains the same function as 'fast', to float rounding."""
+    losses = {}
+    for implementation in ("fast", "fused"):
+        config = tiny(steps=10, log_every=5, run_name=implementation, cpu_threads=1)
+        config.rmc.implementation = implementation
+        result = run(config, "nth-farthest")
+        records = read_metrics(result.run_dir / "metrics.jsonl")
+        losses[implementation] = [r["train/loss"] for r in records if "train/loss" in r]
+        model = load_trained(result.run_dir)[3]
+        assert model.core.implementation == implementation
+    assert len(losses["fast"]) == 2
+    assert losses["fused"] == pytest.approx(losses["fast"], rel=1e-4)
+
+
 def test_resume_is_exact(tiny, tmp_path: Path) -> None:
     """k steps, checkpoint, resume, k more == 2k steps uninterrupted, bit for bit (CPU)."""
     sched = {"schedule": "paper", "decay_steps": 5, "min_lr": 1e-3}

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from relmem.cores.rmc import RelationalMemory, RMCConfig
+from relmem.cores.rmc.config import IMPLEMENTATIONS, Implementation
 from relmem.models.registry import register_model
 from relmem.validation import check_at_least, check_choice
 
@@ -28,6 +29,9 @@ class RMCModelConfig:
         gate_style: 'unit' (per element), 'memory' (per slot) or 'none'.
         forget_bias: constant added to the forget gate's pre-activation.
         input_bias: constant added to the input gate's pre-activation.
+        implementation: 'auto' (the fast path), 'fast', 'fused' (the fast path's step in C++
+            operators, CPU only, compiled on first use) or 'reference'; every one computes the
+            same function (``docs/performance.md`` §4.8).
     """
 
     mem_slots: int = 8
@@ -39,6 +43,7 @@ class RMCModelConfig:
     gate_style: Literal["unit", "memory", "none"] = "unit"
     forget_bias: float = 1.0
     input_bias: float = 0.0
+    implementation: Implementation = "auto"
 
     def __post_init__(self) -> None:
         check_at_least(
@@ -51,6 +56,7 @@ class RMCModelConfig:
             attention_mlp_layers=1,
         )
         check_choice("rmc.gate_style", self.gate_style, ("unit", "memory", "none"))
+        check_choice("rmc.implementation", self.implementation, IMPLEMENTATIONS)
 
 
 def rmc_config(config: RMCModelConfig, input_size: int, input_rows: int | None = None) -> RMCConfig:
@@ -74,4 +80,6 @@ def rmc_config(config: RMCModelConfig, input_size: int, input_rows: int | None =
 @register_model("rmc", RMCModelConfig)
 def build_rmc(config: RMCModelConfig, input_size: int, readout_size: None) -> RelationalMemory:
     """A batch-first :class:`RelationalMemory`: ``[B, T, F] -> [B, T, N·M]``."""
-    return RelationalMemory.from_config(rmc_config(config, input_size), batch_first=True)
+    return RelationalMemory.from_config(
+        rmc_config(config, input_size), batch_first=True, implementation=config.implementation
+    )

@@ -189,7 +189,13 @@ def _build_core(
     cells = grid[0] * grid[1]
     if isinstance(core_config, RMCModelConfig):
         config = rmc_config(core_config, features, input_rows=cells)
-        return RMCModule(config, input_key=EMBEDDING, output_key=CORE_OUTPUT), True
+        module = RMCModule(
+            config,
+            input_key=EMBEDDING,
+            output_key=CORE_OUTPUT,
+            implementation=core_config.implementation,
+        )
+        return module, True
     if isinstance(core_config, ConvLSTMModelConfig):
         default = ConvLSTMModelConfig()
         given = (core_config.height, core_config.width)

@@ -46,7 +46,7 @@ from torchrl.data import Unbounded
 from torchrl.envs import TensorDictPrimer
 from torchrl.modules import recurrent_mode
 
-from relmem.cores.rmc import RelationalMemory, RMCConfig
+from relmem.cores.rmc import Implementation, RelationalMemory, RMCConfig
 from relmem.models.convlstm import ConvLSTMCore, same_padding
 from relmem.rl import keys
 from relmem.validation import check_choice
@@ -323,6 +323,7 @@ class RMCModule(RecurrentCoreModule):
             flattened new memory ``[*B, N·M]``, the state ``memory_key`` ``[*B, N, M]``.
         default_recurrent_mode, recurrent_impl: as :class:`RecurrentCoreModule`; with
             ``'segments'`` every per-step memory is exact: it is the step's output.
+        implementation: the core's (:class:`relmem.cores.rmc.RelationalMemory`).
     """
 
     def __init__(
@@ -334,8 +335,9 @@ class RMCModule(RecurrentCoreModule):
         memory_key: str = "memory",
         default_recurrent_mode: bool = False,
         recurrent_impl: str = "segments",
+        implementation: Implementation = "auto",
     ) -> None:
-        core = RelationalMemory.from_config(config, batch_first=True)
+        core = RelationalMemory.from_config(config, batch_first=True, implementation=implementation)
         super().__init__(
             core,
             input_key=input_key,
