@@ -334,7 +334,8 @@ def test_auto_is_fast_and_details_use_reference() -> None:
         RelationalMemory(**BASE, implementation="cuda")
 
 
-def test_input_erasure_is_bitwise_on_the_fast_path() -> None:
+@STEPS
+def test_input_erasure_is_bitwise_on_the_fast_path(implementation: str) -> None:
     """``docs/rmc.md`` §12.6 on the fast cell: forget +inf, input −inf keeps the memory bitwise."""
     for style in ("unit", "memory"):
         cell = RelationalMemoryCell(
@@ -342,9 +343,10 @@ def test_input_erasure_is_bitwise_on_the_fast_path() -> None:
             gate_style=style,
             forget_bias=math.inf,
             input_bias=-math.inf,
-            implementation="fast",
+            implementation=implementation,
         )
         state = cell.initial_state(2)
+        state = RMCState(state.memory + torch.randn_like(state.memory))
         _, new = cell(torch.ones(2, 5), state)
         assert torch.equal(new.memory, state.memory)
 

@@ -7,6 +7,8 @@ is in ``test_rmc_fast.py`` (the ``fused`` parameter of its comparisons).
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.autograd import gradcheck
@@ -56,6 +58,30 @@ def test_add_layer_norm_and_tanh_gradients() -> None:
     assert gradcheck(OPS.tanh, (_double(3, 7, generator=g),))
     x = torch.linspace(-20, 20, 101, dtype=torch.float64)
     torch.testing.assert_close(OPS.tanh(x), torch.tanh(x), rtol=0, atol=1e-15)
+
+
+def test_float_transcendentals_within_a_few_ulp() -> None:
+    """In float32 the operators compute σ and tanh from their own e^x: within 2e-7 of float64's
+    values over the range, exact at ±inf (a closed gate stays closed), NaN kept."""
+    x = torch.cat([torch.linspace(-100, 100, 200_001), torch.logspace(-30, 1, 1000)])
+    x = torch.cat([x, -x])
+    want = torch.tanh(x.double())
+    assert (OPS.tanh(x).double() - want).abs().max().item() < 2e-7
+    special = torch.tensor([math.inf, -math.inf, math.nan])
+    torch.testing.assert_close(
+        OPS.tanh(special), torch.tensor([1.0, -1.0, math.nan]), equal_nan=True
+    )
+    # σ through gate_update: pre = x, gate_x = 0, rows = 0, memory = 1 -> new memory = σ(f).
+    pre = torch.stack([torch.zeros_like(x), x], dim=-1).view(1, -1, 2)
+    sigma = OPS.gate_update(
+        pre, torch.zeros(1, 2), torch.zeros(1, len(x), 1), torch.ones(1, len(x), 1), 1, False
+    )[0].view(-1)
+    assert (sigma.double() - torch.sigmoid(x.double())).abs().max().item() < 2e-7
+    pre = torch.tensor([[[0.0, math.inf], [0.0, -math.inf]]])
+    ends = OPS.gate_update(
+        pre, torch.zeros(1, 2), torch.zeros(1, 2, 1), torch.ones(1, 2, 1), 1, False
+    )[0]
+    assert ends.view(-1).tolist() == [1.0, 0.0]
 
 
 @pytest.mark.parametrize("gate", [1, 4], ids=["memory-gate", "unit-gate"])

@@ -11,9 +11,9 @@
 //   gate_update     σ(pre + gate_x), the input/forget blend, the output gate  [B, N, M] x 2
 //   tanh            tanh with its backward (the recurrent input)
 //
-// The GEMMs stay ATen's (the Python step calls F.linear between the operators). tanh is
-// computed as 2σ(2x) − 1 with ATen's vectorised sigmoid: on this build ATen's tanh ran several
-// times slower than its sigmoid per element (docs/performance.md §4.6).
+// The GEMMs stay ATen's (the Python step calls F.linear between the operators). σ and tanh are
+// computed in the operators' own loops from a vectorisable e^x (exp_nonpositive): on this build
+// ATen's tanh ran at about four times its sigmoid's cost per element (docs/performance.md §4.6).
 //
 // Notation (docs/rmc.md §1): B batch, N slots, M = H·D, Q = H·(2K + D) qkv columns in head-major
 // order [q_0 k_0 v_0 | q_1 k_1 v_1 | ...], g the gate width (M or 1), W = (2 or 3)·g.
@@ -25,6 +25,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -47,6 +49,54 @@ scalar_t dot(const scalar_t* a, const scalar_t* b, int64_t n) {
 #pragma omp simd reduction(+ : total)
   for (int64_t i = 0; i < n; ++i) total += a[i] * b[i];
   return total;
+}
+
+// e^y for y <= 0, written so that the compiler can vectorise loops that call it: in float a
+// Cody-Waite range reduction and Cephes' degree-6 polynomial (within 2 ulp of expf), exactly 0
+// below the normal range (so σ(−∞) = 0 and a −∞ gate bias closes a gate bitwise), NaN kept;
+// in double (the tests' dtype) std::exp.
+template <typename scalar_t>
+[[gnu::always_inline]] inline scalar_t exp_nonpositive(scalar_t y) {
+  return std::exp(y);
+}
+
+template <>
+[[gnu::always_inline]] inline float exp_nonpositive(float y) {
+  const float clamped = y > -88.0f ? y : -88.0f;  // NaN -> -88: the arithmetic stays finite
+  const float n = std::floor(clamped * 1.44269504088896341f + 0.5f);
+  const float r = (clamped - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return y >= -87.3f ? p * scale : (y < -87.3f ? 0.0f : y);
+}
+
+// σ(x) from e^−|x|: no overflow, σ(±∞) exactly 1 and 0.
+template <typename scalar_t>
+[[gnu::always_inline]] inline scalar_t sigmoid(scalar_t x) {
+  const scalar_t e = exp_nonpositive(-std::abs(x));
+  const scalar_t s = scalar_t(1) / (scalar_t(1) + e);
+  return x >= 0 ? s : e * s;
+}
+
+// tanh(x) = sign(x)·(1 − e^−2|x|)/(1 + e^−2|x|) in float; std::tanh in double.
+template <typename scalar_t>
+[[gnu::always_inline]] inline scalar_t tanh_of(scalar_t x) {
+  return std::tanh(x);
+}
+
+template <>
+[[gnu::always_inline]] inline float tanh_of(float x) {
+  const float e = exp_nonpositive(-2.0f * std::abs(x));
+  const float t = (1.0f - e) / (1.0f + e);
+  return x >= 0 ? t : -t;
 }
 
 // Row-wise LayerNorm forward of `rows` rows of width `width`: out = xhat·γ + β, keeping
@@ -178,7 +228,7 @@ tensor_list attend_block_forward(const Tensor& y_, const Tensor& z_in_, const Te
             }
             scalar_t total = 0;
             for (int64_t j = 0; j < R; ++j) {
-              p[j] = std::exp(p[j] - top);
+              p[j] = exp_nonpositive(p[j] - top);
               total += p[j];
             }
             for (int64_t j = 0; j < R; ++j) p[j] /= total;
@@ -321,19 +371,22 @@ struct AddLayerNorm : public torch::autograd::Function<AddLayerNorm> {
                         const Tensor& gamma_, const Tensor& beta_) {
     check_cpu(a, "a");
     TORCH_CHECK(a.sizes() == b_.sizes(), "relmem add_layer_norm: a and b differ in shape");
-    const Tensor sum = at::add(a, b_).contiguous();
+    const Tensor a_c = a.contiguous(), b_c = b_.contiguous();
     const Tensor gamma = gamma_.contiguous(), beta = beta_.contiguous();
-    const int64_t width = sum.size(-1), rows = sum.numel() / width;
-    Tensor out = at::empty_like(sum), xhat = at::empty_like(sum);
-    Tensor rstd = at::empty({rows}, sum.options());
-    AT_DISPATCH_FLOATING_TYPES(sum.scalar_type(), "relmem_add_layer_norm", [&] {
-      const scalar_t* px = sum.data_ptr<scalar_t>();
+    const int64_t width = a_c.size(-1), rows = a_c.numel() / width;
+    Tensor out = at::empty_like(a_c), xhat = at::empty_like(a_c);
+    Tensor rstd = at::empty({rows}, a_c.options());
+    AT_DISPATCH_FLOATING_TYPES(a_c.scalar_type(), "relmem_add_layer_norm", [&] {
+      const scalar_t *pa = a_c.data_ptr<scalar_t>(), *pb = b_c.data_ptr<scalar_t>();
       const scalar_t *g = gamma.data_ptr<scalar_t>(), *bt = beta.data_ptr<scalar_t>();
       scalar_t *po = out.data_ptr<scalar_t>(), *ph = xhat.data_ptr<scalar_t>();
       scalar_t* pr = rstd.data_ptr<scalar_t>();
       at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+        std::vector<scalar_t> sum(width);
         for (int64_t r = begin; r < end; ++r) {
-          layer_norm_rows(px + r * width, g, bt, ph + r * width, pr + r, po + r * width, width);
+          const int64_t o = r * width;
+          for (int64_t c = 0; c < width; ++c) sum[c] = pa[o + c] + pb[o + c];
+          layer_norm_rows(sum.data(), g, bt, ph + o, pr + r, po + o, width);
         }
       });
     });
@@ -375,23 +428,39 @@ Tensor add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& gamma, con
 
 // ---------------------------------------------------------------- tanh
 
-// tanh(x) = 2σ(2x) − 1, with ATen's vectorised sigmoid.
-Tensor tanh_by_sigmoid(const Tensor& x) {
-  Tensor t = at::sigmoid(x * 2);
-  return t.mul_(2).sub_(1);
+template <typename scalar_t>
+void tanh_span(const scalar_t* __restrict x, scalar_t* __restrict y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = tanh_of(x[i]);
 }
 
 struct Tanh : public torch::autograd::Function<Tanh> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& x) {
-    check_cpu(x, "x");
-    Tensor t = tanh_by_sigmoid(x);
+  static Tensor forward(AutogradContext* ctx, const Tensor& x_) {
+    check_cpu(x_, "x");
+    const Tensor x = x_.contiguous();
+    Tensor t = at::empty_like(x);
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "relmem_tanh", [&] {
+      const scalar_t* px = x.data_ptr<scalar_t>();
+      scalar_t* pt = t.data_ptr<scalar_t>();
+      at::parallel_for(0, x.numel(), 4096, [&](int64_t begin, int64_t end) {
+        tanh_span(px + begin, pt + begin, end - begin);
+      });
+    });
     ctx->save_for_backward({t});
     return t;
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const Tensor t = ctx->get_saved_variables()[0];
-    return {grads[0] * (1 - t * t)};
+    const Tensor grad = grads[0].contiguous();
+    Tensor dx = at::empty_like(t);
+    AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "relmem_tanh_backward", [&] {
+      const scalar_t *pt = t.data_ptr<scalar_t>(), *pg = grad.data_ptr<scalar_t>();
+      scalar_t* pd = dx.data_ptr<scalar_t>();
+      at::parallel_for(0, t.numel(), 4096, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) pd[i] = pg[i] * (1 - pt[i] * pt[i]);
+      });
+    });
+    return {dx};
   }
 };
 
@@ -399,48 +468,119 @@ Tensor tanh_op(const Tensor& x) { return Tanh::apply(x); }
 
 // ---------------------------------------------------------------- gate_update
 
-// Gate column of element (n, c) of gate k: k·g + c for unit gates (g = M), k for memory gates.
-struct GateSizes {
-  int64_t rows, width, gate, gates;  // B·N rows, M, g, W = gates·g
-  int64_t col(int64_t k, int64_t c) const { return k * gate + (gate == 1 ? 0 : c); }
-};
+// One row (one slot of one example) of the gate update. Gate k's column for element c is
+// k·g + c with unit gates (g = M) and k with memory gates (g = 1, one gate per slot); both are
+// compile-time cases so that the loops vectorise.
+template <typename scalar_t, bool unit, bool output_gate>
+void gate_forward_row(const scalar_t* __restrict pre, const scalar_t* __restrict gate_x,
+                      const scalar_t* __restrict rows, const scalar_t* __restrict memory,
+                      scalar_t* __restrict gates, scalar_t* __restrict tanh_rows,
+                      scalar_t* __restrict new_memory, scalar_t* __restrict tanh_new,
+                      scalar_t* __restrict hidden, int64_t width, int64_t gate) {
+  const int64_t W = (output_gate ? 3 : 2) * gate;
+  for (int64_t k = 0; k < W; ++k) gates[k] = sigmoid(pre[k] + gate_x[k]);
+  const scalar_t *gi = gates, *gf = gates + gate, *go = gates + 2 * gate;
+  for (int64_t c = 0; c < width; ++c) {
+    const scalar_t tr = tanh_of(rows[c]);
+    const scalar_t m = (unit ? gi[c] : gi[0]) * tr + (unit ? gf[c] : gf[0]) * memory[c];
+    const scalar_t tn = tanh_of(m);
+    tanh_rows[c] = tr;
+    new_memory[c] = m;
+    tanh_new[c] = tn;
+    if (output_gate) hidden[c] = (unit ? go[c] : go[0]) * tn;
+  }
+}
+
+// The row's backward: dnew_memory and dhidden in; d(pre) (= d(gate_x)'s share), drows and
+// dmemory out. Without the output gate, "hidden" is tanh(new memory), the next recurrent input.
+template <typename scalar_t, bool unit, bool output_gate>
+void gate_backward_row(const scalar_t* __restrict gates, const scalar_t* __restrict tanh_rows,
+                       const scalar_t* __restrict memory, const scalar_t* __restrict tanh_new,
+                       const scalar_t* __restrict dnew, const scalar_t* __restrict dhidden,
+                       scalar_t* __restrict dpre, scalar_t* __restrict drows,
+                       scalar_t* __restrict dmemory, int64_t width, int64_t gate) {
+  const int64_t W = (output_gate ? 3 : 2) * gate;
+  const scalar_t *gi = gates, *gf = gates + gate, *go = gates + 2 * gate;
+  scalar_t sum_i = 0, sum_f = 0, sum_o = 0;  // memory gates: one gate per row
+#pragma omp simd reduction(+ : sum_i, sum_f, sum_o)
+  for (int64_t c = 0; c < width; ++c) {
+    const scalar_t tn = tanh_new[c], tr = tanh_rows[c];
+    scalar_t dtotal = dnew[c], d_o = 0;
+    if (output_gate) {
+      d_o = dhidden[c] * tn;
+      dtotal += dhidden[c] * (unit ? go[c] : go[0]) * (1 - tn * tn);
+    } else {
+      dtotal += dhidden[c] * (1 - tn * tn);
+    }
+    const scalar_t d_i = dtotal * tr, d_f = dtotal * memory[c];
+    drows[c] = dtotal * (unit ? gi[c] : gi[0]) * (1 - tr * tr);
+    dmemory[c] = dtotal * (unit ? gf[c] : gf[0]);
+    if (unit) {
+      dpre[c] = d_i;
+      dpre[gate + c] = d_f;
+      if (output_gate) dpre[2 * gate + c] = d_o;
+    } else {
+      sum_i += d_i;
+      sum_f += d_f;
+      sum_o += d_o;
+    }
+  }
+  if (!unit) {
+    dpre[0] = sum_i;
+    dpre[1] = sum_f;
+    if (output_gate) dpre[2] = sum_o;
+  }
+  // σ' = σ(1 − σ): a gate saturated by a ±inf bias passes zero.
+  for (int64_t k = 0; k < W; ++k) dpre[k] *= gates[k] * (1 - gates[k]);
+}
+
+// Calls body.template operator()<unit, output_gate>() for the run-time pair.
+template <typename Body>
+void with_gate_kind(bool unit, bool output_gate, Body&& body) {
+  if (unit && output_gate) body.template operator()<true, true>();
+  else if (unit) body.template operator()<true, false>();
+  else if (output_gate) body.template operator()<false, true>();
+  else body.template operator()<false, false>();
+}
 
 // Forward: new_memory = i ⊙ tanh(rows) + f ⊙ memory; hidden = o ⊙ tanh(new_memory) with the
 // output gate, else tanh(new_memory). Saves gates [B, N, W], tanh(rows), tanh(new_memory).
 struct GateUpdate : public torch::autograd::Function<GateUpdate> {
-  static tensor_list forward(AutogradContext* ctx, const Tensor& pre, const Tensor& gate_x,
+  static tensor_list forward(AutogradContext* ctx, const Tensor& pre_, const Tensor& gate_x_,
                              const Tensor& rows_, const Tensor& memory_, int64_t gate,
                              bool output_gate) {
-    check_cpu(pre, "pre");
-    TORCH_CHECK(pre.dim() == 3 && rows_.sizes() == memory_.sizes() && rows_.dim() == 3,
+    check_cpu(pre_, "pre");
+    TORCH_CHECK(pre_.dim() == 3 && rows_.sizes() == memory_.sizes() && rows_.dim() == 3,
                 "relmem gate_update: pre [B, N, W], rows and memory [B, N, M]");
-    const int64_t gates_n = output_gate ? 3 : 2;
-    TORCH_CHECK(pre.size(2) == gates_n * gate && gate_x.size(-1) == pre.size(2),
-                "relmem gate_update: pre and gate_x need ", gates_n, " x g columns");
-    const Tensor gates = at::sigmoid(pre + gate_x.unsqueeze(1)).contiguous();  // [B, N, W]
+    const int64_t W = (output_gate ? 3 : 2) * gate;
+    TORCH_CHECK(pre_.size(2) == W && gate_x_.dim() == 2 && gate_x_.size(1) == W,
+                "relmem gate_update: pre [B, N, W] and gate_x [B, W] need W = ", W, " columns");
+    TORCH_CHECK(gate == 1 || gate == rows_.size(2),
+                "relmem gate_update: the gate width must be 1 or the slot width");
+    const Tensor pre = pre_.contiguous(), gate_x = gate_x_.contiguous();
     const Tensor rows = rows_.contiguous(), memory = memory_.contiguous();
-    const Tensor tanh_rows = tanh_by_sigmoid(rows);
-    const GateSizes s{rows.size(0) * rows.size(1), rows.size(2), gate, gates_n};
+    const int64_t slots = rows.size(1), width = rows.size(2), total = rows.size(0) * slots;
+    Tensor gates = at::empty_like(pre);  // [B, N, W]
+    Tensor tanh_rows = at::empty_like(rows), tanh_new = at::empty_like(rows);
     Tensor new_memory = at::empty_like(rows);
+    Tensor hidden = output_gate ? at::empty_like(rows) : tanh_new;
     AT_DISPATCH_FLOATING_TYPES(rows.scalar_type(), "relmem_gate_update", [&] {
-      const scalar_t *pg = gates.data_ptr<scalar_t>(), *pt = tanh_rows.data_ptr<scalar_t>();
-      const scalar_t* pm = memory.data_ptr<scalar_t>();
-      scalar_t* pn = new_memory.data_ptr<scalar_t>();
-      const int64_t W = gates_n * gate;
-      at::parallel_for(0, s.rows, 16, [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-          const scalar_t* g = pg + r * W;
-          const int64_t o = r * s.width;
-          for (int64_t c = 0; c < s.width; ++c) {
-            pn[o + c] = g[s.col(0, c)] * pt[o + c] + g[s.col(1, c)] * pm[o + c];
+      const scalar_t *pp = pre.data_ptr<scalar_t>(), *px = gate_x.data_ptr<scalar_t>();
+      const scalar_t *prows = rows.data_ptr<scalar_t>(), *pm = memory.data_ptr<scalar_t>();
+      scalar_t *pg = gates.data_ptr<scalar_t>(), *ptr = tanh_rows.data_ptr<scalar_t>();
+      scalar_t *ptn = tanh_new.data_ptr<scalar_t>(), *pn = new_memory.data_ptr<scalar_t>();
+      scalar_t* ph = hidden.data_ptr<scalar_t>();
+      with_gate_kind(gate != 1 || width == 1, output_gate, [&]<bool unit, bool out_gate>() {
+        at::parallel_for(0, total, 16, [&](int64_t begin, int64_t end) {
+          for (int64_t r = begin; r < end; ++r) {
+            const int64_t o = r * width;
+            gate_forward_row<scalar_t, unit, out_gate>(pp + r * W, px + (r / slots) * W,
+                                                       prows + o, pm + o, pg + r * W, ptr + o,
+                                                       pn + o, ptn + o, ph + o, width, gate);
           }
-        }
+        });
       });
     });
-    const Tensor tanh_new = tanh_by_sigmoid(new_memory);
-    Tensor hidden = output_gate
-        ? at::mul(tanh_new, gate == 1 ? gates.narrow(2, 2, 1) : gates.narrow(2, 2 * gate, gate))
-        : tanh_new;
     ctx->save_for_backward({gates, tanh_rows, memory, tanh_new});
     ctx->saved_data["gate"] = gate;
     ctx->saved_data["output_gate"] = output_gate;
@@ -452,48 +592,28 @@ struct GateUpdate : public torch::autograd::Function<GateUpdate> {
     const Tensor &gates = v[0], &tanh_rows = v[1], &memory = v[2], &tanh_new = v[3];
     const int64_t gate = ctx->saved_data["gate"].toInt();
     const bool output_gate = ctx->saved_data["output_gate"].toBool();
-    const int64_t gates_n = output_gate ? 3 : 2, W = gates_n * gate;
-    const GateSizes s{memory.size(0) * memory.size(1), memory.size(2), gate, gates_n};
-    const bool has_dm = grads[0].defined(), has_dh = grads[1].defined();
-    const Tensor dm = has_dm ? grads[0].contiguous() : Tensor();
-    const Tensor dh = has_dh ? grads[1].contiguous() : Tensor();
-    Tensor dpre = at::zeros_like(gates);
+    const int64_t W = (output_gate ? 3 : 2) * gate;
+    const int64_t width = memory.size(2), total = memory.size(0) * memory.size(1);
+    // An output whose gradient is undefined (unused) contributes zeros.
+    const Tensor dnew = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(memory);
+    const Tensor dhid = grads[1].defined() ? grads[1].contiguous() : at::zeros_like(memory);
+    Tensor dpre = at::empty_like(gates);
     Tensor drows = at::empty_like(memory), dmemory = at::empty_like(memory);
     AT_DISPATCH_FLOATING_TYPES(memory.scalar_type(), "relmem_gate_update_backward", [&] {
       const scalar_t *pg = gates.data_ptr<scalar_t>(), *ptr = tanh_rows.data_ptr<scalar_t>();
       const scalar_t *pm = memory.data_ptr<scalar_t>(), *ptn = tanh_new.data_ptr<scalar_t>();
-      const scalar_t* pdm = has_dm ? dm.data_ptr<scalar_t>() : nullptr;
-      const scalar_t* pdh = has_dh ? dh.data_ptr<scalar_t>() : nullptr;
+      const scalar_t *pdn = dnew.data_ptr<scalar_t>(), *pdh = dhid.data_ptr<scalar_t>();
       scalar_t *pdp = dpre.data_ptr<scalar_t>(), *pdr = drows.data_ptr<scalar_t>();
-      scalar_t* pdmem = dmemory.data_ptr<scalar_t>();
-      at::parallel_for(0, s.rows, 16, [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-          const scalar_t* g = pg + r * W;
-          scalar_t* dg = pdp + r * W;  // d(gates) first, times σ' below
-          const int64_t o = r * s.width;
-          for (int64_t c = 0; c < s.width; ++c) {
-            const scalar_t tn = ptn[o + c];
-            scalar_t dtotal = pdm ? pdm[o + c] : scalar_t(0);
-            if (pdh) {
-              const scalar_t dhid = pdh[o + c];
-              if (output_gate) {
-                dg[s.col(2, c)] += dhid * tn;
-                dtotal += dhid * g[s.col(2, c)] * (1 - tn * tn);
-              } else {
-                dtotal += dhid * (1 - tn * tn);
-              }
-            }
-            const scalar_t in_gate = g[s.col(0, c)], tr = ptr[o + c];
-            dg[s.col(0, c)] += dtotal * tr;
-            dg[s.col(1, c)] += dtotal * pm[o + c];
-            pdr[o + c] = dtotal * in_gate * (1 - tr * tr);
-            pdmem[o + c] = dtotal * g[s.col(1, c)];
+      scalar_t* pdm = dmemory.data_ptr<scalar_t>();
+      with_gate_kind(gate != 1 || width == 1, output_gate, [&]<bool unit, bool out_gate>() {
+        at::parallel_for(0, total, 16, [&](int64_t begin, int64_t end) {
+          for (int64_t r = begin; r < end; ++r) {
+            const int64_t o = r * width;
+            gate_backward_row<scalar_t, unit, out_gate>(pg + r * W, ptr + o, pm + o, ptn + o,
+                                                        pdn + o, pdh + o, pdp + r * W,
+                                                        pdr + o, pdm + o, width, gate);
           }
-          for (int64_t k = 0; k < W; ++k) {
-            // σ' = σ(1 − σ); a gate saturated by a ±inf bias passes zero.
-            dg[k] *= g[k] * (1 - g[k]);
-          }
-        }
+        });
       });
     });
     return {dpre, dpre.sum(1), drows, dmemory, Tensor(), Tensor()};
