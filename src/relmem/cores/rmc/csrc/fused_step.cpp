@@ -51,6 +51,13 @@ scalar_t dot(const scalar_t* a, const scalar_t* b, int64_t n) {
   return total;
 }
 
+// y += a·x over n elements (distinct arrays: the loop vectorises).
+template <typename scalar_t>
+[[gnu::always_inline]] inline void axpy(scalar_t a, const scalar_t* __restrict x,
+                                        scalar_t* __restrict y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
 // e^y for y <= 0, written so that the compiler can vectorise loops that call it: in float a
 // Cody-Waite range reduction and Cephes' degree-6 polynomial (within 2 ulp of expf), exactly 0
 // below the normal range (so σ(−∞) = 0 and a −∞ gate bias closes a gate bitwise), NaN kept;
@@ -235,8 +242,7 @@ tensor_list attend_block_forward(const Tensor& y_, const Tensor& z_in_, const Te
             scalar_t* acc = sum.data() + h * value;
             for (int64_t j = 0; j < R; ++j) {
               const scalar_t* v = row(j) + qo + 2 * key;
-              const scalar_t w = p[j];
-              for (int64_t d = 0; d < value; ++d) acc[d] += w * v[d];
+              axpy(p[j], v, acc, value);
             }
           }
           const int64_t o = (b * s.rows_q + i) * M;
@@ -305,7 +311,7 @@ tensor_list attend_block_backward(const Tensor& dout_, const Tensor& z_in_,
             for (int64_t j = 0; j < R; ++j) {
               const scalar_t* v = row(j) + qo + 2 * key;
               scalar_t* dv = dz.data() + j * Q + qo + 2 * key;
-              for (int64_t d = 0; d < value; ++d) dv[d] += p[j] * dattn[d];
+              axpy(p[j], dattn, dv, value);
               dp[j] = dot(dattn, v, value);
               weighted += p[j] * dp[j];
             }
@@ -314,10 +320,8 @@ tensor_list attend_block_backward(const Tensor& dout_, const Tensor& z_in_,
               const scalar_t ds = p[j] * (dp[j] - weighted) * scale;
               const scalar_t* k = row(j) + qo + key;
               scalar_t* dk = dz.data() + j * Q + qo + key;
-              for (int64_t d = 0; d < key; ++d) {
-                dq[d] += ds * k[d];
-                dk[d] += ds * q[d];
-              }
+              axpy(ds, k, dq, key);
+              axpy(ds, q, dk, key);
             }
           }
         }
