@@ -244,6 +244,29 @@ def test_the_rmc_resets_to_its_identity_memory_not_zeros() -> None:
     torch.testing.assert_close(initial[0], torch.eye(8, 256))
 
 
+def test_the_agent_core_takes_the_fused_implementation() -> None:
+    """``RMCModelConfig.implementation`` reaches the agent's core; a rollout and its data match
+    the fast path's to float rounding (same weights, same levels)."""
+    results = {}
+    for implementation in ("fast", "fused"):
+        torch.manual_seed(0)
+        config = RMCModelConfig(
+            mem_slots=2,
+            head_size=4,
+            num_heads=2,
+            gate_style="memory",
+            implementation=implementation,
+        )
+        agent = build_agent(CounterEnv.observation_shape, CounterEnv.num_actions, "rmc", config)
+        assert agent.core.core.implementation == implementation
+        env = TransformedEnv(TorchRLBatchedEnv(CounterEnv(B, seed=0)), InitTracker())
+        env.append_transform(agent.make_tensordict_primer())
+        with torch.no_grad(), set_recurrent_mode(False):
+            data = env.rollout(T, agent.policy, break_when_any_done=False)
+        results[implementation] = data
+    torch.testing.assert_close(results["fused"][keys.LOGITS], results["fast"][keys.LOGITS])
+
+
 def test_public_modules() -> None:
     from relmem.cores.rmc import RMCConfig
 
