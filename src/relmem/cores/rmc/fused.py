@@ -41,15 +41,19 @@ def load_fused_ops() -> None:
         cpp_extension.load(
             name="relmem_fused_step",
             sources=[str(_SOURCE)],
+            # -fopenmp: at::parallel_for is a header template whose threads are OpenMP's; without
+            # it the operators' loops run on one thread whatever torch.set_num_threads says (the
+            # process's libgomp is torch's own, so there is one thread pool).
             # -fno-math-errno, -fno-trapping-math: loops that call exp or floor vectorise;
             # neither changes a result (infinities and NaN keep IEEE semantics).
             extra_cflags=[
                 "-O3",
                 "-march=native",
-                "-fopenmp-simd",
+                "-fopenmp",
                 "-fno-math-errno",
                 "-fno-trapping-math",
             ],
+            extra_ldflags=["-fopenmp"],
             is_python_module=False,
             verbose=False,
         )
