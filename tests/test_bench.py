@@ -79,6 +79,20 @@ def test_bench_writes_json_with_every_implementation(tmp_path: Path) -> None:
     assert "÷ matmul-floor" in payload["table"]
 
 
+def test_bench_without_a_compiler_skips_fused_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_build() -> None:
+        raise RuntimeError("implementation='fused' ... could not build it (c++: not found)")
+
+    monkeypatch.setattr("relmem.benchmarking.runner.load_fused_ops", no_build)
+    assert main(tiny_run(tmp_path, 2)) == 0
+    (path,) = tmp_path.glob("bench-cpu-*.json")
+    records = {r["implementation"] for r in json.loads(path.read_text())["results"]}
+    assert records == {"reference", "fast", "lstm-params", "lstm-width", FLOOR}
+    assert "skipping 'fused'" in capsys.readouterr().err
+
+
 def test_bench_only_times_the_named_implementations(tmp_path: Path) -> None:
     assert main(tiny_run(tmp_path, 2, "--only", "fast")) == 0
     (path,) = tmp_path.glob("bench-cpu-*.json")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Collection
 from typing import Any
 
@@ -24,6 +25,18 @@ from relmem.cores.rmc import (
     fast_path_products,
     step_flops,
 )
+from relmem.cores.rmc.fused import load_fused_ops
+
+
+def _fused_available() -> bool:
+    """Whether the fused step's operators build here; if not, say why on stderr (the bench
+    then times everything else)."""
+    try:
+        load_fused_ops()
+    except RuntimeError as error:
+        print(f"relmem bench: skipping 'fused': {error}", file=sys.stderr, flush=True)
+        return False
+    return True
 
 
 def implementations(
@@ -34,17 +47,18 @@ def implementations(
 ) -> dict[str, nn.Module]:
     """The modules to time for ``config``: the RMC's implementations and the baselines.
 
-    All RMC implementations share the reference's parameters; ``fused`` only on the CPU,
-    ``fast+compile`` only with ``compile_step``, the CUDA-graph ones only on CUDA, ``port``
-    (the public port's ``RelationalMemory`` class, :mod:`relmem.benchmarking.port`) where it
-    has every option the configuration uses, with its own initialisation.
+    All RMC implementations share the reference's parameters; ``fused`` only on the CPU and
+    where its operators build, ``fast+compile`` only with ``compile_step``, the CUDA-graph
+    ones only on CUDA, ``port`` (the public port's ``RelationalMemory`` class,
+    :mod:`relmem.benchmarking.port`) where it has every option the configuration uses, with
+    its own initialisation.
     """
     torch.manual_seed(0)
     reference = RelationalMemory(**config.rmc, implementation="reference", device=device)
     fast = RelationalMemory(**config.rmc, implementation="fast", device=device)
     fast.load_state_dict(reference.state_dict())
     impls: dict[str, nn.Module] = {"reference": reference, "fast": fast}
-    if device.type == "cpu":
+    if device.type == "cpu" and _fused_available():
         impls["fused"] = RelationalMemory(**config.rmc, implementation="fused", device=device)
         impls["fused"].load_state_dict(reference.state_dict())
     if compile_step:
