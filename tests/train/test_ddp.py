@@ -42,14 +42,29 @@ ARGS = [
     "--optim.lr",
     "3e-3",
     "--no-tensorboard",
+    "--cpu-threads",
+    "1",
 ]
 # Each rank's slice of a repeat-copy batch is trimmed to its own longest sequence.
 COPY_ARGS = [
     "train", "repeat-copy", "--device", "cpu", "--steps", "8", "--batch-size", "16",
     "--eval-batch", "32", "--task.test-size", "64", "--log-every", "4", "--eval-every", "8",
     "--checkpoint-every", "8", "--dnc.hidden-size", "16", "--dnc.memory-size", "8",
-    "--dnc.word-size", "8", "--no-tensorboard",
+    "--dnc.word-size", "8", "--no-tensorboard", "--cpu-threads", "1",
 ]  # fmt: skip
+# gloo's teardown sometimes aborts a rank after the run has completed and every rank has passed
+# the final barrier (std::terminate in a destructor: "terminate called without an active
+# exception"); the run's results are all written by then. Seen about once in a few CI runs on
+# the 2-core VM. Such a launch is run once more; any other failure fails the test.
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def run_ddp(command: list[str], run_name: str):
+    ddp = run_python([*command, run_name], processes=2, timeout=180)
+    output = ddp.stdout + ddp.stderr
+    if ddp.returncode != 0 and TEARDOWN_ABORT in output and "relmem: completed" in output:
+        ddp = run_python([*command, f"{run_name}-again"], processes=2, timeout=180)
+    return ddp
 
 
 @pytest.mark.parametrize("args", [ARGS, COPY_ARGS], ids=["nth-farthest-rmc", "repeat-copy-dnc"])
@@ -57,11 +72,12 @@ def test_two_process_gloo_matches_single_process(tmp_path: Path, args: list[str]
     command = ["-m", "relmem", *args, "--out-dir", str(tmp_path), "--run-name"]
     single = run_python([*command, "single"], timeout=120)
     assert single.returncode == 0, single.stderr
-    ddp = run_python([*command, "ddp"], processes=2, timeout=180)
+    ddp = run_ddp(command, "ddp")
     assert ddp.returncode == 0, ddp.stdout + ddp.stderr
     assert "x2 processes" in ddp.stdout
+    ddp_dir = tmp_path / ("ddp-again" if (tmp_path / "ddp-again").exists() else "ddp")
     a = load_file(ckpt_io.resolve_checkpoint(tmp_path / "single") / ckpt_io.MODEL_FILE)
-    b = load_file(ckpt_io.resolve_checkpoint(tmp_path / "ddp") / ckpt_io.MODEL_FILE)
+    b = load_file(ckpt_io.resolve_checkpoint(ddp_dir) / ckpt_io.MODEL_FILE)
     assert a.keys() == b.keys()
     for name in a:
         # The key half of the q/k/v LayerNorm bias has a gradient that is zero in exact
