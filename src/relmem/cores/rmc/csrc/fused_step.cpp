@@ -219,17 +219,16 @@ tensor_list attend_block_forward(const Tensor& y_, const Tensor& z_in_, const Te
           rows[j] = j < s.rows_y ? pzy + (b * s.rows_y + j) * Q
                                  : pz + (b * s.rows_z + j - s.rows_y) * Q;
         }
-        auto row = [&](int64_t j) { return rows[j]; };
         for (int64_t i = 0; i < s.rows_q; ++i) {
           const scalar_t* res = pres + (b * s.rows_q + i) * M;
           for (int64_t c = 0; c < M; ++c) sum[c] = res[c];
           for (int64_t h = 0; h < heads; ++h) {
             const int64_t qo = h * (2 * key + value);
-            const scalar_t* q = row(i) + qo;
+            const scalar_t* q = rows[i] + qo;
             scalar_t* p = pp + ((b * heads + h) * s.rows_q + i) * R;
             scalar_t top = -std::numeric_limits<scalar_t>::infinity();
             for (int64_t j = 0; j < R; ++j) {
-              const scalar_t* k = row(j) + qo + key;
+              const scalar_t* k = rows[j] + qo + key;
               p[j] = dot(q, k, key) * scale;
               top = std::max(top, p[j]);
             }
@@ -241,7 +240,7 @@ tensor_list attend_block_forward(const Tensor& y_, const Tensor& z_in_, const Te
             for (int64_t j = 0; j < R; ++j) p[j] /= total;
             scalar_t* acc = sum.data() + h * value;
             for (int64_t j = 0; j < R; ++j) {
-              const scalar_t* v = row(j) + qo + 2 * key;
+              const scalar_t* v = rows[j] + qo + 2 * key;
               axpy(p[j], v, acc, value);
             }
           }
@@ -296,7 +295,6 @@ tensor_list attend_block_backward(const Tensor& dout_, const Tensor& z_in_,
           rows[j] = j < s.rows_y ? pzy + (b * s.rows_y + j) * Q
                                  : pz + (b * s.rows_z + j - s.rows_y) * Q;
         }
-        auto row = [&](int64_t j) { return rows[j]; };
         for (int64_t i = 0; i < s.rows_q; ++i) {
           const int64_t o = (b * s.rows_q + i) * M;
           // dres is d(residual + attention): the residual's and the attention output's gradient.
@@ -304,12 +302,12 @@ tensor_list attend_block_backward(const Tensor& dout_, const Tensor& z_in_,
                                   pdg2 + b * M, pdb2 + b * M, M);
           for (int64_t h = 0; h < heads; ++h) {
             const int64_t qo = h * (2 * key + value);
-            const scalar_t* q = row(i) + qo;
+            const scalar_t* q = rows[i] + qo;
             const scalar_t* p = pp + ((b * heads + h) * s.rows_q + i) * R;
             const scalar_t* dattn = pdr + o + h * value;
             scalar_t weighted = 0;
             for (int64_t j = 0; j < R; ++j) {
-              const scalar_t* v = row(j) + qo + 2 * key;
+              const scalar_t* v = rows[j] + qo + 2 * key;
               scalar_t* dv = dz.data() + j * Q + qo + 2 * key;
               axpy(p[j], dattn, dv, value);
               dp[j] = dot(dattn, v, value);
@@ -318,7 +316,7 @@ tensor_list attend_block_backward(const Tensor& dout_, const Tensor& z_in_,
             scalar_t* dq = dz.data() + i * Q + qo;
             for (int64_t j = 0; j < R; ++j) {
               const scalar_t ds = p[j] * (dp[j] - weighted) * scale;
-              const scalar_t* k = row(j) + qo + key;
+              const scalar_t* k = rows[j] + qo + key;
               scalar_t* dk = dz.data() + j * Q + qo + key;
               axpy(ds, k, dq, key);
               axpy(ds, q, dk, key);
@@ -538,13 +536,19 @@ void gate_backward_row(const scalar_t* __restrict gates, const scalar_t* __restr
   for (int64_t k = 0; k < W; ++k) dpre[k] *= gates[k] * (1 - gates[k]);
 }
 
-// Calls body.template operator()<unit, output_gate>() for the run-time pair.
-template <typename Body>
-void with_gate_kind(bool unit, bool output_gate, Body&& body) {
-  if (unit && output_gate) body.template operator()<true, true>();
-  else if (unit) body.template operator()<true, false>();
-  else if (output_gate) body.template operator()<false, true>();
-  else body.template operator()<false, false>();
+// Runs row.template operator()<unit, output_gate>(r) for every row r of B·N, in parallel, with
+// the run-time pair as compile-time arguments.
+template <typename Row>
+void for_each_gate_row(bool unit, bool output_gate, int64_t total, Row&& row) {
+  auto rows = [&]<bool U, bool O>() {
+    at::parallel_for(0, total, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) row.template operator()<U, O>(r);
+    });
+  };
+  if (unit && output_gate) rows.template operator()<true, true>();
+  else if (unit) rows.template operator()<true, false>();
+  else if (output_gate) rows.template operator()<false, true>();
+  else rows.template operator()<false, false>();
 }
 
 // Forward: new_memory = i ⊙ tanh(rows) + f ⊙ memory; hidden = o ⊙ tanh(new_memory) with the
@@ -574,15 +578,12 @@ struct GateUpdate : public torch::autograd::Function<GateUpdate> {
       scalar_t *pg = gates.data_ptr<scalar_t>(), *ptr = tanh_rows.data_ptr<scalar_t>();
       scalar_t *ptn = tanh_new.data_ptr<scalar_t>(), *pn = new_memory.data_ptr<scalar_t>();
       scalar_t* ph = hidden.data_ptr<scalar_t>();
-      with_gate_kind(gate != 1 || width == 1, output_gate, [&]<bool unit, bool out_gate>() {
-        at::parallel_for(0, total, 16, [&](int64_t begin, int64_t end) {
-          for (int64_t r = begin; r < end; ++r) {
-            const int64_t o = r * width;
-            gate_forward_row<scalar_t, unit, out_gate>(pp + r * W, px + (r / slots) * W,
-                                                       prows + o, pm + o, pg + r * W, ptr + o,
-                                                       pn + o, ptn + o, ph + o, width, gate);
-          }
-        });
+      const bool unit_gates = gate != 1 || width == 1;
+      for_each_gate_row(unit_gates, output_gate, total, [&]<bool unit, bool out_gate>(int64_t r) {
+        const int64_t o = r * width;
+        gate_forward_row<scalar_t, unit, out_gate>(pp + r * W, px + (r / slots) * W, prows + o,
+                                                   pm + o, pg + r * W, ptr + o, pn + o, ptn + o,
+                                                   ph + o, width, gate);
       });
     });
     ctx->save_for_backward({gates, tanh_rows, memory, tanh_new});
@@ -609,15 +610,12 @@ struct GateUpdate : public torch::autograd::Function<GateUpdate> {
       const scalar_t *pdn = dnew.data_ptr<scalar_t>(), *pdh = dhid.data_ptr<scalar_t>();
       scalar_t *pdp = dpre.data_ptr<scalar_t>(), *pdr = drows.data_ptr<scalar_t>();
       scalar_t* pdm = dmemory.data_ptr<scalar_t>();
-      with_gate_kind(gate != 1 || width == 1, output_gate, [&]<bool unit, bool out_gate>() {
-        at::parallel_for(0, total, 16, [&](int64_t begin, int64_t end) {
-          for (int64_t r = begin; r < end; ++r) {
-            const int64_t o = r * width;
-            gate_backward_row<scalar_t, unit, out_gate>(pg + r * W, ptr + o, pm + o, ptn + o,
-                                                        pdn + o, pdh + o, pdp + r * W,
-                                                        pdr + o, pdm + o, width, gate);
-          }
-        });
+      const bool unit_gates = gate != 1 || width == 1;
+      for_each_gate_row(unit_gates, output_gate, total, [&]<bool unit, bool out_gate>(int64_t r) {
+        const int64_t o = r * width;
+        gate_backward_row<scalar_t, unit, out_gate>(pg + r * W, ptr + o, pm + o, ptn + o,
+                                                    pdn + o, pdh + o, pdp + r * W, pdr + o,
+                                                    pdm + o, width, gate);
       });
     });
     return {dpre, dpre.sum(1), drows, dmemory, Tensor(), Tensor()};
