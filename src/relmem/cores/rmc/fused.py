@@ -28,13 +28,25 @@ from relmem.cores.rmc.fast import StepFn, _linear, _mlp, _StepSpec, _StepWeights
 _SOURCE = Path(__file__).with_name("csrc") / "fused_step.cpp"
 
 
-@functools.cache
 def load_fused_ops() -> None:
     """Compile (once per machine and source) and load the fused step's operators.
 
     Raises:
-        RuntimeError: the build failed, with the compiler's reason and the way out.
+        RuntimeError: the build failed, with the compiler's reason and the way out. A failed
+            build is not retried in the same process.
     """
+    failure = _build_failure()
+    if failure is not None:
+        raise RuntimeError(
+            "implementation='fused' compiles a C++ extension on first use and could not build "
+            f"it ({failure}). It needs a C++ compiler (g++) and the ninja package (pip install "
+            "ninja); implementation='fast' runs the same arithmetic without it."
+        )
+
+
+@functools.cache
+def _build_failure() -> str | None:
+    """Build and load the operators once per process: None, or why the build failed."""
     from torch.utils import cpp_extension
 
     try:
@@ -58,11 +70,8 @@ def load_fused_ops() -> None:
             verbose=False,
         )
     except (RuntimeError, OSError, ImportError) as error:
-        raise RuntimeError(
-            "implementation='fused' compiles a C++ extension on first use and could not build "
-            f"it ({error}). It needs a C++ compiler (g++) and the ninja package (pip install "
-            "ninja); implementation='fast' runs the same arithmetic without it."
-        ) from error
+        return str(error)
+    return None
 
 
 def prepare_fused(device: torch.device) -> StepFn:
