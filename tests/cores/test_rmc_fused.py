@@ -1,5 +1,6 @@
 """The fused step's C++ operators (``relmem.cores.rmc.fused``): each operator's backward by
-``gradcheck``, that ``implementation='fused'`` really runs them, and its errors.
+``gradcheck``, that ``implementation='fused'`` really runs them, its errors, and
+:func:`~relmem.cores.rmc.prefer_fused` (a training run's choice for 'auto' cores).
 
 Its equivalence with the reference over every option, forward and backward, states included,
 is in ``test_rmc_fast.py`` (the ``fused`` parameter of its comparisons).
@@ -15,7 +16,8 @@ from torch.autograd import gradcheck
 from torch.profiler import ProfilerActivity, profile
 
 import relmem.cores.rmc.fused as fused_module
-from relmem.cores.rmc import RelationalMemory, RelationalMemoryCell
+import relmem.cores.rmc.module as module_module
+from relmem.cores.rmc import RelationalMemory, RelationalMemoryCell, prefer_fused
 
 fused_module.load_fused_ops()
 OPS = torch.ops.relmem_fused
@@ -149,3 +151,35 @@ def test_build_failure_names_the_way_out(monkeypatch: pytest.MonkeyPatch) -> Non
         monkeypatch.undo()
         fused_module._build_failure.cache_clear()
         fused_module.load_fused_ops()
+
+
+def test_prefer_fused_switches_the_auto_cores_on_the_cpu() -> None:
+    """Cores left on 'auto' take the fused step on the CPU; explicit choices, and every core
+    off the CPU, are left as they are."""
+    model = torch.nn.ModuleList(
+        [
+            RelationalMemory(5, 3, 4),
+            RelationalMemoryCell(5, 3, 4),
+            RelationalMemory(5, 3, 4, implementation="fast"),
+            RelationalMemory(5, 3, 4, implementation="reference"),
+        ]
+    )
+    assert prefer_fused(model, torch.device("cuda")) is None
+    assert [core.implementation for core in model] == ["auto", "auto", "fast", "reference"]
+    assert prefer_fused(model, torch.device("cpu")) is None  # built at import: no note
+    assert [core.implementation for core in model] == ["fused", "fused", "fast", "reference"]
+    assert model[0].cell.implementation == "fused"
+
+
+def test_prefer_fused_keeps_the_fast_path_when_the_build_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_compiler() -> None:
+        raise RuntimeError("implementation='fused' ... could not build it (c++: not found)")
+
+    monkeypatch.setattr(module_module, "load_fused_ops", no_compiler)
+    core = RelationalMemory(5, 3, 4)
+    note = prefer_fused(core, torch.device("cpu"))
+    assert note is not None and note.startswith("the RMC runs the fast path")
+    assert "c++: not found" in note
+    assert core.implementation == "auto"

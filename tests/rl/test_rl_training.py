@@ -13,13 +13,14 @@ import torch
 from rl_standins import Reach, make_reach_env
 from safetensors.torch import load_file
 
-from relmem.models import LSTMModelConfig
+from relmem.models import LSTMModelConfig, RMCModelConfig
 from relmem.rl.config import BoxWorldConfig, LearnerConfig
 from relmem.rl.game_task import GameTask
 from relmem.rl.tasks import boxworld_cpu, rl_trainer
 from relmem.tasks.registry import registered
 from relmem.train.checkpoint import best_checkpoint, load_train_state
 from relmem.train.config import OptimConfig, TrainConfig
+from relmem.train.distributed import DistInfo
 from relmem.train.loop import run
 
 
@@ -264,3 +265,37 @@ def test_ppo_learns_one_box_viewport_boxworld(tmp_path: Path) -> None:
     result = run(config, "boxworld")
     assert result.status == "completed"
     assert result.summary["held_out_solved"] >= 0.7, result.summary
+
+
+def test_an_rmc_agent_on_auto_runs_the_fused_step(reach_task, tmp_path: Path) -> None:
+    """On the CPU a training run gives 'auto' RMC cores the fused step (relmem.cores.rmc's
+    prefer_fused), before the collector takes the policy; an explicit choice is kept."""
+    for implementation, expected in (("auto", "fused"), ("fast", "fast")):
+        config = reach_config(
+            tmp_path,
+            model="rmc",
+            rmc=RMCModelConfig(mem_slots=2, head_size=4, num_heads=2, gate_style="memory"),
+            run_name=implementation,
+        )
+        config.rmc.implementation = implementation
+        trainer = rl_trainer(config, "reach", DistInfo(), torch.device("cpu"), [])
+        try:
+            assert trainer.model.core.core.implementation == expected
+        finally:
+            trainer.release()
+
+
+def test_impala_collector_processes_run_the_fused_rmc(reach_task, tmp_path: Path) -> None:
+    """The collector processes load the fused operators for the policy's core themselves."""
+    config = reach_config(
+        tmp_path,
+        model="rmc",
+        rmc=RMCModelConfig(mem_slots=2, head_size=4, num_heads=2, gate_style="memory"),
+        steps=2,
+        eval_every=2,
+        log_every=1,
+    )
+    config.task = ReachConfig(algorithm="impala", unroll=10, collectors=2, eval_episodes=16)
+    config.optim = OptimConfig(optimizer="rmsprop", lr=1e-3, eps=0.01, grad_clip=40.0)
+    result = run(config, "reach")
+    assert result.status == "completed" and result.summary["steps"] == 2

@@ -20,10 +20,11 @@ from relmem.tasks.nth_farthest import NthFarthest, NthFarthestConfig
 from relmem.tasks.registry import registered
 from relmem.train import checkpoint as ckpt_io
 from relmem.train.config import OptimConfig, TrainConfig, config_from_dict, config_to_dict
+from relmem.train.distributed import DistInfo
 from relmem.train.loop import EXIT_DIVERGED, EXIT_SIGTERM, run
 from relmem.train.metrics import read_metrics
 from relmem.train.runs import load_run_config, load_trained
-from relmem.train.trainer import Progress, lr_multiplier
+from relmem.train.trainer import Progress, Trainer, lr_multiplier
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -64,6 +65,16 @@ def test_rmc_implementation_reaches_the_core(tiny) -> None:
         assert model.core.implementation == implementation
     assert len(losses["fast"]) == 2
     assert losses["fused"] == pytest.approx(losses["fast"], rel=1e-4)
+
+
+def test_a_cpu_run_gives_auto_cores_the_fused_step(tiny) -> None:
+    """'auto' (the default) trains on the fused step on the CPU; an explicit choice is kept."""
+    for implementation, expected in (("auto", "fused"), ("fast", "fast")):
+        config = tiny(run_name=implementation)
+        config.rmc.implementation = implementation
+        trainer = Trainer(config, "nth-farthest", DistInfo(), torch.device("cpu"), [])
+        trainer.release()
+        assert trainer.model.core.implementation == expected
 
 
 def test_resume_is_exact(tiny, tmp_path: Path) -> None:

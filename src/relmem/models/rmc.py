@@ -29,9 +29,10 @@ class RMCModelConfig:
         gate_style: 'unit' (per element), 'memory' (per slot) or 'none'.
         forget_bias: constant added to the forget gate's pre-activation.
         input_bias: constant added to the input gate's pre-activation.
-        implementation: 'auto' (the fast path), 'fast', 'fused' (the fast path's step in C++
-            operators, CPU only, compiled on first use) or 'reference'; every one computes the
-            same function (``docs/performance.md`` §4.8).
+        implementation: 'fast', 'fused' (the fast path's step in C++ operators, CPU only,
+            compiled on first use), 'reference', or 'auto': in a training run, 'fused' on the
+            CPU when its operators build and 'fast' otherwise (elsewhere 'fast'). Every one
+            computes the same function (``docs/performance.md`` §4.8).
     """
 
     mem_slots: int = 8

@@ -66,7 +66,7 @@ class RLTrainer(Trainer):
         """The agent, its environments and collector, and its update."""
         config = self.config
         torch.manual_seed(config.seed)
-        agent = agent_of(config, self.task).to(self.device)
+        agent = self.prefer_fused(agent_of(config, self.task).to(self.device))
         self.task.start(agent, config.batch_size, config.seed)
         self.update = make_update(agent, self.task.config)
         return agent

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from relmem.cores.base import detach_state, map_state
+from relmem.cores.rmc import prefer_fused
 from relmem.models import count_parameters
 from relmem.tasks.base import Batch, step_generator
 from relmem.tasks.registry import get_task
@@ -263,7 +264,15 @@ class Trainer:
 
     def build_model(self) -> nn.Module:
         """The model to train, on this process's device (weights seeded by ``config.seed``)."""
-        return build_model(self.config, self.task).to(self.device)
+        return self.prefer_fused(build_model(self.config, self.task).to(self.device))
+
+    def prefer_fused(self, model: nn.Module) -> nn.Module:
+        """``model``, its RMC cores left on ``'auto'`` switched to the fused step on the CPU
+        when its operators build (:func:`relmem.cores.rmc.prefer_fused`; rank 0 says how)."""
+        note = prefer_fused(model, self.device)
+        if note is not None and self.info.is_main:
+            print(f"relmem: {note}", flush=True)
+        return model
 
     def _restore(self, saved: dict[str, Any]) -> None:
         """Optimiser, schedule, counters, RNG and carried state from a checkpoint."""

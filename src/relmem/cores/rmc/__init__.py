@@ -26,7 +26,12 @@ from relmem.cores.rmc.fast import (
     fast_sequence,
     step_flops,
 )
-from relmem.cores.rmc.module import FastRelationalMemory, RelationalMemory, RelationalMemoryCell
+from relmem.cores.rmc.module import (
+    FastRelationalMemory,
+    RelationalMemory,
+    RelationalMemoryCell,
+    prefer_fused,
+)
 from relmem.cores.rmc.reference import AttentionBlock, AttentionMLP, reference_step
 
 __all__ = [
@@ -48,6 +53,7 @@ __all__ = [
     "fast_path_plan",
     "fast_path_products",
     "fast_sequence",
+    "prefer_fused",
     "reference_step",
     "step_flops",
 ]

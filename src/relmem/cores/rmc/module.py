@@ -5,12 +5,15 @@
 reference step of :mod:`relmem.cores.rmc.reference` or the fast path of
 :mod:`relmem.cores.rmc.fast`, and validate inputs and states. :class:`FastRelationalMemory`
 wraps a :class:`RelationalMemory` with the fast path's opt-in accelerations.
+:func:`prefer_fused` is the trainer's choice for cores left on ``'auto'``: the fused step on
+the CPU when its operators build.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import MISSING, fields
@@ -43,7 +46,7 @@ from relmem.cores.rmc.fast import (
     fast_sequence,
     recurrent_step,
 )
-from relmem.cores.rmc.fused import prepare_fused
+from relmem.cores.rmc.fused import load_fused_ops, prepare_fused
 from relmem.cores.rmc.reference import AttentionBlock, AttentionMLP, reference_step
 from relmem.validation import check_bool, check_factory
 
@@ -727,3 +730,45 @@ class FastRelationalMemory(nn.Module):
         else:
             outputs, final = self.run(rows, state, seq.lengths)
         return finish_sequence(outputs, seq, core.batch_first), final
+
+
+def prefer_fused(model: nn.Module, device: torch.device) -> str | None:
+    """Run the RMC cores of ``model`` that are left on ``'auto'`` with the fused step, on the CPU.
+
+    ``'auto'`` means the fast path in a module, because the fused step compiles C++ on first
+    use and is refused under ``torch.compile``; a training run on the CPU, which neither
+    compiles nor leaves the CPU, takes the faster step when it can (``docs/performance.md``
+    §4.8). Cores given an explicit implementation, and every core off the CPU, are left alone.
+
+    Args:
+        model: any module; its :class:`RelationalMemory` and :class:`RelationalMemoryCell`
+            submodules (itself included) are switched.
+        device: where ``model`` runs.
+
+    Returns:
+        A line for the log, or None when nothing needed saying: the operators were built (and
+        how long that took) if building them took a while, or why the cores stay on the fast
+        path if they could not be built.
+    """
+    cores = [
+        module
+        for module in model.modules()
+        if isinstance(module, (RelationalMemory, RelationalMemoryCell))
+        and module.implementation == "auto"
+    ]
+    if not cores or device.type != "cpu":
+        return None
+    start = time.perf_counter()
+    try:
+        load_fused_ops()
+    except RuntimeError as error:
+        return f"the RMC runs the fast path: {error}"
+    for module in cores:
+        module.implementation = "fused"
+    took = time.perf_counter() - start
+    if took < 2.0:  # loaded from the build cache
+        return None
+    return (
+        f"built the RMC's fused CPU step in {took:.0f} s (once per machine; "
+        "--rmc.implementation fast runs the plain fast path)"
+    )
