@@ -28,18 +28,21 @@ def _double(*shape: int, generator: torch.Generator) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    ("rows_y", "rows_z", "rows_q"),
-    [(3, 1, 3), (3, 2, 5), (4, 0, 4), (4, 0, 2)],
-    ids=["memory-queries", "all-queries", "no-hoisted-rows", "fewer-queries"],
+    ("rows_y", "rows_z", "rows_q", "key", "value"),
+    [(3, 1, 3, 3, 4), (3, 2, 5, 3, 4), (4, 0, 4, 3, 4), (4, 0, 2, 3, 4), (3, 1, 3, 9, 17)],
+    ids=["memory-queries", "all-queries", "no-hoisted-rows", "fewer-queries", "vector-widths"],
 )
-def test_attend_block_gradients(rows_y: int, rows_z: int, rows_q: int) -> None:
+def test_attend_block_gradients(rows_y: int, rows_z: int, rows_q: int, key: int, value: int) -> None:
+    """Narrow heads run the operator's scalar tails; K = 9 and D = 17 run its vector loops (8
+    doubles a vector) and their tails."""
     g = torch.Generator().manual_seed(0)
-    heads, key, value, batch = 2, 3, 4, 2
+    heads, batch = 2, 2
     q_width, m_width = heads * (2 * key + value), heads * value
     args = (
         _double(batch, rows_y, q_width, generator=g),
         _double(batch, rows_z, q_width, generator=g),
         _double(batch, rows_q, m_width, generator=g),
+        _double(q_width, generator=g),
         _double(q_width, generator=g),
         _double(q_width, generator=g),
         _double(m_width, generator=g),
@@ -54,9 +57,10 @@ def test_attend_block_gradients(rows_y: int, rows_z: int, rows_q: int) -> None:
 
 def test_add_layer_norm_and_tanh_gradients() -> None:
     g = torch.Generator().manual_seed(1)
-    a, b = _double(2, 3, 5, generator=g), _double(2, 3, 5, generator=g)
-    gamma, beta = _double(5, generator=g), _double(5, generator=g)
-    assert gradcheck(OPS.add_layer_norm, (a, b, gamma, beta))
+    for width in (5, 19):  # a scalar tail only; vectors of 8 doubles and a tail
+        a, b = _double(2, 3, width, generator=g), _double(2, 3, width, generator=g)
+        bias, gamma, beta = (_double(width, generator=g) for _ in range(3))
+        assert gradcheck(OPS.add_layer_norm, (a, b, bias, gamma, beta))
     assert gradcheck(OPS.tanh, (_double(3, 7, generator=g),))
     x = torch.linspace(-20, 20, 101, dtype=torch.float64)
     torch.testing.assert_close(OPS.tanh(x), torch.tanh(x), rtol=0, atol=1e-15)

@@ -219,12 +219,17 @@ def _linear(x: Tensor, weight: Weight, bias: Tensor | None = None) -> Tensor:
     return F.linear(x, weight, bias)
 
 
-def _mlp(x: Tensor, layers: tuple[tuple[Weight, Tensor], ...]) -> Tensor:
-    """L linear layers with ReLU between them, none after the last: ``[..., M] -> [..., M]``."""
+def _mlp(x: Tensor, layers: tuple[tuple[Weight, Tensor], ...], last_bias: bool = True) -> Tensor:
+    """L linear layers with ReLU between them, none after the last: ``[..., M] -> [..., M]``.
+
+    ``last_bias=False`` leaves the last layer's bias out, for a caller that adds it itself (the
+    fused step's ``add_layer_norm``).
+    """
+    last = len(layers) - 1
     for index, (weight, bias) in enumerate(layers):
         if index > 0:
             x = F.relu(x)
-        x = _linear(x, weight, bias)
+        x = _linear(x, weight, bias if last_bias or index < last else None)
     return x
 
 

@@ -4,10 +4,11 @@ On small cores the fast path's step is made of per-op overhead on small tensors,
 arithmetic (``docs/performance.md`` §4.1, §4.6): LayerNorms, a ``cat``, attention over a handful
 of keys, gates and ``tanh``, each an eager op with its autograd node. ``implementation='fused'``
 runs the same step with four C++ operators, each with a hand-written backward
-(``csrc/fused_step.cpp``): ``attend_block`` (LN_qkv, attention of the query rows over the step's
-rows and the hoisted input rows without joining them, the residual and LN_attn),
-``add_layer_norm`` (the MLP's residual and LayerNorm), ``gate_update`` (the gates, the blend and
-the output gate) and ``tanh`` (the recurrent input). The weight products stay ATen GEMMs and
+(``csrc/fused_step.cpp``): ``attend_block`` (the qkv bias, LN_qkv, attention of the query rows
+over the step's rows and the hoisted input rows without joining them, the residual and LN_attn),
+``add_layer_norm`` (the MLP's last bias, its residual and LayerNorm), ``gate_update`` (the gates,
+the blend and the output gate) and ``tanh`` (the recurrent input). The weight products stay ATen
+GEMMs (without those two biases, so that no bias is copied into their outputs) and
 E1–E3 and E10 apply as on the fast path (:func:`relmem.cores.rmc.fast.fast_sequence` runs this
 step). The reference remains the oracle (``tests/cores/test_rmc_fused.py``).
 
@@ -121,16 +122,26 @@ def fused_step(
         z_in = z_inputs[index]
         full = spec.query_all and index < last
         joined = torch.cat([rows_mem, rows_in], dim=1) if full or z_in is None else None
+        # The biases of qkv and of the MLP's last layer are added inside the operators.
         if z_in is None:  # the input rows were updated by the previous block
-            y = _linear(joined, block.qkv_w, block.qkv_b)  # [B, N+n, Q]
+            y = _linear(joined, block.qkv_w)  # [B, N+n, Q]
             z_in = y.new_empty((y.shape[0], 0, y.shape[2]))
         else:
-            y = _linear(rows_mem, block.qkv_w, block.qkv_b)  # [B, N, Q]
+            y = _linear(rows_mem, block.qkv_w)  # [B, N, Q]
         residual = joined if full else rows_mem  # [B, R_q, M]
         h = ops.attend_block(
-            y, z_in, residual, *block.qkv_ln, *block.attn_ln, spec.heads, spec.key, spec.value
+            y,
+            z_in,
+            residual,
+            block.qkv_b,
+            *block.qkv_ln,
+            *block.attn_ln,
+            spec.heads,
+            spec.key,
+            spec.value,
         )
-        h = ops.add_layer_norm(_mlp(h, block.mlp), h, *block.mlp_ln)
+        mlp_out = _mlp(h, block.mlp, last_bias=False)
+        h = ops.add_layer_norm(mlp_out, h, block.mlp[-1][1], *block.mlp_ln)
         if full:
             rows_mem, rows_in = h[:, :n_slots], h[:, n_slots:]
         else:

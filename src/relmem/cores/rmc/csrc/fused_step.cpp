@@ -43,12 +43,109 @@ void check_cpu(const Tensor& t, const char* name) {
               t.device());
 }
 
+// ---------------------------------------------------------------- 64-byte vectors
+//
+// The rows of a small core are short (K = 32 key columns, M = 128), so a reduction's last step,
+// adding the lanes of its vector, costs as much as its body. An `omp simd` reduction ended with
+// the lanes summed one by one through memory; these helpers keep the partial sums in one
+// register (GCC's and Clang's vector extension: one AVX-512 register or two AVX2 ones, no
+// intrinsics) and add its halves in log2(lanes) shuffles (docs/performance.md §4.9). The order
+// of the additions is fixed here, not by compiler flags.
+
 template <typename scalar_t>
-scalar_t dot(const scalar_t* a, const scalar_t* b, int64_t n) {
-  scalar_t total = 0;
-#pragma omp simd reduction(+ : total)
-  for (int64_t i = 0; i < n; ++i) total += a[i] * b[i];
+struct VecOf;
+template <>
+struct VecOf<float> {
+  typedef float type __attribute__((vector_size(64)));
+};
+template <>
+struct VecOf<double> {
+  typedef double type __attribute__((vector_size(64)));
+};
+template <typename scalar_t>
+using Vec = typename VecOf<scalar_t>::type;
+template <typename scalar_t>
+constexpr int64_t kLanes = 64 / sizeof(scalar_t);
+
+template <typename scalar_t>
+[[gnu::always_inline]] inline Vec<scalar_t> load(const scalar_t* p) {
+  Vec<scalar_t> v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <typename scalar_t>
+[[gnu::always_inline]] inline void store(scalar_t* p, Vec<scalar_t> v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// The sum of a vector's lanes, halves first.
+[[gnu::always_inline]] inline float lanes_total(Vec<float> v) {
+  v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1);
+  v += __builtin_shufflevector(v, v, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0);
+  return v[0];
+}
+
+[[gnu::always_inline]] inline double lanes_total(Vec<double> v) {
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 2, 3, 0, 1);
+  v += __builtin_shufflevector(v, v, 1, 0, 1, 0, 1, 0, 1, 0);
+  return v[0];
+}
+
+// Σ_i term(p_0[i], p_1[i], ...) for i in [0, n); `term` is generic, called with vectors for
+// the body and with scalars for the n mod lanes tail. Long rows use four accumulators, so that
+// the additions do not wait on each other.
+template <typename scalar_t, typename Term, typename... Rows>
+[[gnu::always_inline]] inline scalar_t sum_over(int64_t n, Term&& term, const Rows*... rows) {
+  constexpr int64_t L = kLanes<scalar_t>;
+  Vec<scalar_t> acc = {}, acc1 = {}, acc2 = {}, acc3 = {};
+  int64_t i = 0;
+  for (; i + 4 * L <= n; i += 4 * L) {
+    acc += term(load(rows + i)...);
+    acc1 += term(load(rows + i + L)...);
+    acc2 += term(load(rows + i + 2 * L)...);
+    acc3 += term(load(rows + i + 3 * L)...);
+  }
+  for (; i + L <= n; i += L) acc += term(load(rows + i)...);
+  scalar_t total = lanes_total((acc + acc1) + (acc2 + acc3));
+  for (; i < n; ++i) total += term(rows[i]...);
   return total;
+}
+
+template <typename scalar_t>
+[[gnu::always_inline]] inline scalar_t dot(const scalar_t* a, const scalar_t* b, int64_t n) {
+  return sum_over<scalar_t>(n, [](auto x, auto y) { return x * y; }, a, b);
+}
+
+// out[c] = init[c] + Σ_j w[j]·rows[j][c] for c in [0, n): each block of columns stays in a
+// register over the R terms.
+template <typename scalar_t>
+[[gnu::always_inline]] inline void weighted_rows(scalar_t* out, const scalar_t* init,
+                                                 const scalar_t* w,
+                                                 const scalar_t* const* rows, int64_t R,
+                                                 int64_t n) {
+  constexpr int64_t L = kLanes<scalar_t>;
+  int64_t c = 0;
+  for (; c + L <= n; c += L) {
+    Vec<scalar_t> acc = load(init + c);
+    for (int64_t j = 0; j < R; ++j) acc += w[j] * load(rows[j] + c);
+    store(out + c, acc);
+  }
+  for (; c < n; ++c) {
+    scalar_t acc = init[c];
+    for (int64_t j = 0; j < R; ++j) acc += w[j] * rows[j][c];
+    out[c] = acc;
+  }
+}
+
+// out[c] = a[c] + b[c] for c in [0, n); out may be a.
+template <typename scalar_t>
+[[gnu::always_inline]] inline void add_rows(scalar_t* out, const scalar_t* a,
+                                            const scalar_t* __restrict b, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) out[c] = a[c] + b[c];
 }
 
 // y += a·x over n elements (distinct arrays: the loop vectorises).
@@ -109,19 +206,18 @@ template <>
 // Row-wise LayerNorm forward of `rows` rows of width `width`: out = xhat·γ + β, keeping
 // xhat and 1/σ for the backward.
 template <typename scalar_t>
-void layer_norm_rows(const scalar_t* x, const scalar_t* gamma, const scalar_t* beta,
-                     scalar_t* xhat, scalar_t* rstd, scalar_t* out, int64_t width) {
-  scalar_t mean = 0;
-#pragma omp simd reduction(+ : mean)
-  for (int64_t c = 0; c < width; ++c) mean += x[c];
-  mean /= width;
-  scalar_t var = 0;
-#pragma omp simd reduction(+ : var)
-  for (int64_t c = 0; c < width; ++c) {
-    const scalar_t d = x[c] - mean;
-    var += d * d;
-  }
-  var /= width;
+void layer_norm_rows(const scalar_t* __restrict x, const scalar_t* __restrict gamma,
+                     const scalar_t* __restrict beta, scalar_t* __restrict xhat,
+                     scalar_t* __restrict rstd, scalar_t* __restrict out, int64_t width) {
+  const scalar_t mean = sum_over<scalar_t>(width, [](auto v) { return v; }, x) / width;
+  const scalar_t var = sum_over<scalar_t>(
+                           width,
+                           [mean](auto v) {
+                             const auto d = v - mean;
+                             return d * d;
+                           },
+                           x) /
+                       width;
   const scalar_t r = scalar_t(1) / std::sqrt(var + scalar_t(kEps));
   *rstd = r;
   for (int64_t c = 0; c < width; ++c) {
@@ -134,20 +230,19 @@ void layer_norm_rows(const scalar_t* x, const scalar_t* gamma, const scalar_t* b
 // Row-wise LayerNorm backward of one row: dx from dout, and this row's share of dγ (dout·xhat;
 // dβ's share is dout itself) added into dgamma_row.
 template <typename scalar_t>
-void layer_norm_row_backward(const scalar_t* dout, const scalar_t* gamma, const scalar_t* xhat,
-                             scalar_t rstd, scalar_t* dx, scalar_t* dgamma_row,
-                             scalar_t* dbeta_row, int64_t width) {
-  scalar_t mean_g = 0, mean_gx = 0;
-#pragma omp simd reduction(+ : mean_g, mean_gx)
+void layer_norm_row_backward(const scalar_t* __restrict dout, const scalar_t* __restrict gamma,
+                             const scalar_t* __restrict xhat, scalar_t rstd,
+                             scalar_t* __restrict dx, scalar_t* __restrict dgamma_row,
+                             scalar_t* __restrict dbeta_row, int64_t width) {
+  const scalar_t mean_g = dot(dout, gamma, width) / width;
+  const scalar_t mean_gx =
+      sum_over<scalar_t>(width, [](auto d, auto g, auto h) { return d * g * h; }, dout, gamma,
+                         xhat) /
+      width;
   for (int64_t c = 0; c < width; ++c) {
-    const scalar_t g = dout[c] * gamma[c];
-    mean_g += g;
-    mean_gx += g * xhat[c];
     dgamma_row[c] += dout[c] * xhat[c];
     dbeta_row[c] += dout[c];
   }
-  mean_g /= width;
-  mean_gx /= width;
   for (int64_t c = 0; c < width; ++c) {
     dx[c] = rstd * (dout[c] * gamma[c] - mean_g - xhat[c] * mean_gx);
   }
@@ -179,14 +274,18 @@ AttendSizes attend_sizes(const Tensor& y, const Tensor& z_in, const Tensor& resi
 
 // Forward. Saves: zy (LN_qkv(y)), xhat_y, rstd_y, probs [B, H, Rq, R], xhat_o, rstd_o.
 tensor_list attend_block_forward(const Tensor& y_, const Tensor& z_in_, const Tensor& residual_,
-                                 const Tensor& qkv_gamma_, const Tensor& qkv_beta_,
+                                 const Tensor& qkv_bias_, const Tensor& qkv_gamma_,
+                                 const Tensor& qkv_beta_,
                                  const Tensor& out_gamma_, const Tensor& out_beta_,
                                  int64_t heads, int64_t key, int64_t value) {
   const AttendSizes s = attend_sizes(y_, z_in_, residual_, heads, key, value);
   const Tensor y = y_.contiguous(), z_in = z_in_.contiguous(), residual = residual_.contiguous();
+  const Tensor qkv_bias = qkv_bias_.contiguous();
   const Tensor qkv_gamma = qkv_gamma_.contiguous(), qkv_beta = qkv_beta_.contiguous();
   const Tensor out_gamma = out_gamma_.contiguous(), out_beta = out_beta_.contiguous();
   const int64_t Q = s.qkv(), M = s.mem(), R = s.rows();
+  TORCH_CHECK(qkv_bias.numel() == Q, "relmem attend_block: qkv_bias needs H·(2K+D) = ", Q,
+              " entries");
   Tensor zy = at::empty_like(y), xhat_y = at::empty_like(y);
   Tensor rstd_y = at::empty({s.batch, s.rows_y}, y.options());
   Tensor probs = at::empty({s.batch, heads, s.rows_q, R}, y.options());
@@ -197,6 +296,7 @@ tensor_list attend_block_forward(const Tensor& y_, const Tensor& z_in_, const Te
     const scalar_t* py = y.data_ptr<scalar_t>();
     const scalar_t* pz = z_in.data_ptr<scalar_t>();
     const scalar_t* pres = residual.data_ptr<scalar_t>();
+    const scalar_t* bias = qkv_bias.data_ptr<scalar_t>();
     const scalar_t *g1 = qkv_gamma.data_ptr<scalar_t>(), *b1 = qkv_beta.data_ptr<scalar_t>();
     const scalar_t *g2 = out_gamma.data_ptr<scalar_t>(), *b2 = out_beta.data_ptr<scalar_t>();
     scalar_t* pzy = zy.data_ptr<scalar_t>();
@@ -208,41 +308,44 @@ tensor_list attend_block_forward(const Tensor& y_, const Tensor& z_in_, const Te
     scalar_t* pro = rstd_o.data_ptr<scalar_t>();
     const scalar_t scale = scalar_t(1) / std::sqrt(scalar_t(key));
     at::parallel_for(0, s.batch, 1, [&](int64_t begin, int64_t end) {
-      std::vector<scalar_t> sum(M);
-      std::vector<const scalar_t*> rows(R);
+      std::vector<scalar_t> sum(std::max(M, Q)), scores(heads * R);
+      std::vector<const scalar_t*> rows(R), values(R);
       for (int64_t b = begin; b < end; ++b) {
         for (int64_t r = 0; r < s.rows_y; ++r) {
           const int64_t o = (b * s.rows_y + r) * Q;
-          layer_norm_rows(py + o, g1, b1, pxy + o, pry + b * s.rows_y + r, pzy + o, Q);
+          add_rows(sum.data(), py + o, bias, Q);
+          layer_norm_rows(sum.data(), g1, b1, pxy + o, pry + b * s.rows_y + r, pzy + o, Q);
         }
         for (int64_t j = 0; j < R; ++j) {
           rows[j] = j < s.rows_y ? pzy + (b * s.rows_y + j) * Q
                                  : pz + (b * s.rows_z + j - s.rows_y) * Q;
         }
         for (int64_t i = 0; i < s.rows_q; ++i) {
-          const scalar_t* res = pres + (b * s.rows_q + i) * M;
-          for (int64_t c = 0; c < M; ++c) sum[c] = res[c];
+          // Query i's scores against every row, for all heads ([H, R]), each head's shifted
+          // by its largest, then e^x over all of them in one vectorised loop.
           for (int64_t h = 0; h < heads; ++h) {
             const int64_t qo = h * (2 * key + value);
-            const scalar_t* q = rows[i] + qo;
-            scalar_t* p = pp + ((b * heads + h) * s.rows_q + i) * R;
+            scalar_t* score = scores.data() + h * R;
             scalar_t top = -std::numeric_limits<scalar_t>::infinity();
             for (int64_t j = 0; j < R; ++j) {
-              const scalar_t* k = rows[j] + qo + key;
-              p[j] = dot(q, k, key) * scale;
-              top = std::max(top, p[j]);
+              score[j] = dot(rows[i] + qo, rows[j] + qo + key, key) * scale;
+              top = std::max(top, score[j]);
             }
+            for (int64_t j = 0; j < R; ++j) score[j] -= top;
+          }
+          for (int64_t k = 0; k < heads * R; ++k) scores[k] = exp_nonpositive(scores[k]);
+          const scalar_t* res = pres + (b * s.rows_q + i) * M;
+          for (int64_t h = 0; h < heads; ++h) {
+            const int64_t qo = h * (2 * key + value);
+            const scalar_t* score = scores.data() + h * R;
+            scalar_t* p = pp + ((b * heads + h) * s.rows_q + i) * R;
             scalar_t total = 0;
+            for (int64_t j = 0; j < R; ++j) total += score[j];
             for (int64_t j = 0; j < R; ++j) {
-              p[j] = exp_nonpositive(p[j] - top);
-              total += p[j];
+              p[j] = score[j] / total;
+              values[j] = rows[j] + qo + 2 * key;
             }
-            for (int64_t j = 0; j < R; ++j) p[j] /= total;
-            scalar_t* acc = sum.data() + h * value;
-            for (int64_t j = 0; j < R; ++j) {
-              const scalar_t* v = rows[j] + qo + 2 * key;
-              axpy(p[j], v, acc, value);
-            }
+            weighted_rows(sum.data() + h * value, res + h * value, p, values.data(), R, value);
           }
           const int64_t o = (b * s.rows_q + i) * M;
           layer_norm_rows(sum.data(), g2, b2, pxo + o, pro + b * s.rows_q + i, pout + o, M);
@@ -267,9 +370,12 @@ tensor_list attend_block_backward(const Tensor& dout_, const Tensor& z_in_,
   Tensor dy = at::empty_like(zy);
   Tensor dz_in = at::empty_like(z_in);
   Tensor dres = at::empty_like(dout);
-  // Per-example shares of the LayerNorm parameters' gradients, summed over B at the end.
-  Tensor dg1 = at::zeros({s.batch, Q}, zy.options()), db1 = at::zeros({s.batch, Q}, zy.options());
-  Tensor dg2 = at::zeros({s.batch, M}, zy.options()), db2 = at::zeros({s.batch, M}, zy.options());
+  // The gradients of the bias and the LayerNorms' parameters, one row per chunk of the batch
+  // (one chunk per thread), summed at the end: [chunks, dbias Q | dγ_qkv Q | dβ_qkv Q |
+  // dγ_out M | dβ_out M].
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(s.batch, at::get_num_threads()));
+  const int64_t per_chunk = (s.batch + chunks - 1) / chunks, width = 3 * Q + 2 * M;
+  Tensor params = at::zeros({chunks, width}, zy.options());
   AT_DISPATCH_FLOATING_TYPES(zy.scalar_type(), "relmem_attend_block_backward", [&] {
     const scalar_t* pd = dout.data_ptr<scalar_t>();
     const scalar_t* pz = z_in.data_ptr<scalar_t>();
@@ -283,13 +389,16 @@ tensor_list attend_block_backward(const Tensor& dout_, const Tensor& z_in_,
     scalar_t* pdy = dy.data_ptr<scalar_t>();
     scalar_t* pdz = dz_in.data_ptr<scalar_t>();
     scalar_t* pdr = dres.data_ptr<scalar_t>();
-    scalar_t *pdg1 = dg1.data_ptr<scalar_t>(), *pdb1 = db1.data_ptr<scalar_t>();
-    scalar_t *pdg2 = dg2.data_ptr<scalar_t>(), *pdb2 = db2.data_ptr<scalar_t>();
+    scalar_t* pparams = params.data_ptr<scalar_t>();
     const scalar_t scale = scalar_t(1) / std::sqrt(scalar_t(key));
-    at::parallel_for(0, s.batch, 1, [&](int64_t begin, int64_t end) {
-      std::vector<scalar_t> dz(R * Q), dp(R);
-      std::vector<const scalar_t*> rows(R);
-      for (int64_t b = begin; b < end; ++b) {
+    at::parallel_for(0, chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
+      std::vector<scalar_t> dz(R * Q), dp(R), ds(R);
+      std::vector<const scalar_t*> rows(R), keys(R);
+      for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
+      scalar_t* dbias = pparams + chunk * width;
+      scalar_t *pdg1 = dbias + Q, *pdb1 = dbias + 2 * Q;
+      scalar_t *pdg2 = dbias + 3 * Q, *pdb2 = dbias + 3 * Q + M;
+      for (int64_t b = chunk * per_chunk; b < std::min(s.batch, (chunk + 1) * per_chunk); ++b) {
         std::fill(dz.begin(), dz.end(), scalar_t(0));
         for (int64_t j = 0; j < R; ++j) {
           rows[j] = j < s.rows_y ? pzy + (b * s.rows_y + j) * Q
@@ -298,8 +407,8 @@ tensor_list attend_block_backward(const Tensor& dout_, const Tensor& z_in_,
         for (int64_t i = 0; i < s.rows_q; ++i) {
           const int64_t o = (b * s.rows_q + i) * M;
           // dres is d(residual + attention): the residual's and the attention output's gradient.
-          layer_norm_row_backward(pd + o, g2, pxo + o, pro[b * s.rows_q + i], pdr + o,
-                                  pdg2 + b * M, pdb2 + b * M, M);
+          layer_norm_row_backward(pd + o, g2, pxo + o, pro[b * s.rows_q + i], pdr + o, pdg2,
+                                  pdb2, M);
           for (int64_t h = 0; h < heads; ++h) {
             const int64_t qo = h * (2 * key + value);
             const scalar_t* q = rows[i] + qo;
@@ -313,35 +422,44 @@ tensor_list attend_block_backward(const Tensor& dout_, const Tensor& z_in_,
               dp[j] = dot(dattn, v, value);
               weighted += p[j] * dp[j];
             }
-            scalar_t* dq = dz.data() + i * Q + qo;
             for (int64_t j = 0; j < R; ++j) {
-              const scalar_t ds = p[j] * (dp[j] - weighted) * scale;
-              const scalar_t* k = rows[j] + qo + key;
-              scalar_t* dk = dz.data() + j * Q + qo + key;
-              axpy(ds, k, dq, key);
-              axpy(ds, q, dk, key);
+              ds[j] = p[j] * (dp[j] - weighted) * scale;
+              keys[j] = rows[j] + qo + key;
+              axpy(ds[j], q, dz.data() + j * Q + qo + key, key);  // dk_j
             }
+            scalar_t* dq = dz.data() + i * Q + qo;
+            weighted_rows(dq, dq, ds.data(), keys.data(), R, key);
           }
         }
         for (int64_t r = 0; r < s.rows_y; ++r) {
           const int64_t o = (b * s.rows_y + r) * Q;
           layer_norm_row_backward(dz.data() + r * Q, g1, pxy + o, pry[b * s.rows_y + r], pdy + o,
-                                  pdg1 + b * Q, pdb1 + b * Q, Q);
+                                  pdg1, pdb1, Q);
+          add_rows(dbias, dbias, pdy + o, Q);
         }
         std::copy(dz.begin() + s.rows_y * Q, dz.end(), pdz + b * s.rows_z * Q);
       }
+      }
     });
   });
-  return {dy, dz_in, dres, dg1.sum(0), db1.sum(0), dg2.sum(0), db2.sum(0)};
+  const Tensor total = params.sum(0);
+  return {dy,
+          dz_in,
+          dres,
+          total.narrow(0, 0, Q),
+          total.narrow(0, Q, Q),
+          total.narrow(0, 2 * Q, Q),
+          total.narrow(0, 3 * Q, M),
+          total.narrow(0, 3 * Q + M, M)};
 }
 
 struct AttendBlock : public torch::autograd::Function<AttendBlock> {
   static Tensor forward(AutogradContext* ctx, const Tensor& y, const Tensor& z_in,
-                        const Tensor& residual, const Tensor& qkv_gamma, const Tensor& qkv_beta,
-                        const Tensor& out_gamma, const Tensor& out_beta, int64_t heads,
-                        int64_t key, int64_t value) {
-    tensor_list r = attend_block_forward(y, z_in, residual, qkv_gamma, qkv_beta, out_gamma,
-                                         out_beta, heads, key, value);
+                        const Tensor& residual, const Tensor& qkv_bias, const Tensor& qkv_gamma,
+                        const Tensor& qkv_beta, const Tensor& out_gamma, const Tensor& out_beta,
+                        int64_t heads, int64_t key, int64_t value) {
+    tensor_list r = attend_block_forward(y, z_in, residual, qkv_bias, qkv_gamma, qkv_beta,
+                                         out_gamma, out_beta, heads, key, value);
     ctx->save_for_backward({z_in, qkv_gamma, out_gamma, r[1], r[2], r[3], r[4], r[5], r[6]});
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["key"] = key;
@@ -355,31 +473,35 @@ struct AttendBlock : public torch::autograd::Function<AttendBlock> {
         grads[0], v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8],
         ctx->saved_data["heads"].toInt(), ctx->saved_data["key"].toInt(),
         ctx->saved_data["value"].toInt());
-    return {d[0], d[1], d[2], d[3], d[4], d[5], d[6], Tensor(), Tensor(), Tensor()};
+    return {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], Tensor(), Tensor(), Tensor()};
   }
 };
 
 Tensor attend_block(const Tensor& y, const Tensor& z_in, const Tensor& residual,
-                    const Tensor& qkv_gamma, const Tensor& qkv_beta, const Tensor& out_gamma,
-                    const Tensor& out_beta, int64_t heads, int64_t key, int64_t value) {
-  return AttendBlock::apply(y, z_in, residual, qkv_gamma, qkv_beta, out_gamma, out_beta, heads,
-                            key, value);
+                    const Tensor& qkv_bias, const Tensor& qkv_gamma, const Tensor& qkv_beta,
+                    const Tensor& out_gamma, const Tensor& out_beta, int64_t heads, int64_t key,
+                    int64_t value) {
+  return AttendBlock::apply(y, z_in, residual, qkv_bias, qkv_gamma, qkv_beta, out_gamma,
+                            out_beta, heads, key, value);
 }
 
 // ---------------------------------------------------------------- add_layer_norm
 
 struct AddLayerNorm : public torch::autograd::Function<AddLayerNorm> {
   static Tensor forward(AutogradContext* ctx, const Tensor& a, const Tensor& b_,
-                        const Tensor& gamma_, const Tensor& beta_) {
+                        const Tensor& bias_, const Tensor& gamma_, const Tensor& beta_) {
     check_cpu(a, "a");
     TORCH_CHECK(a.sizes() == b_.sizes(), "relmem add_layer_norm: a and b differ in shape");
-    const Tensor a_c = a.contiguous(), b_c = b_.contiguous();
+    TORCH_CHECK(bias_.numel() == a.size(-1), "relmem add_layer_norm: bias needs ", a.size(-1),
+                " entries");
+    const Tensor a_c = a.contiguous(), b_c = b_.contiguous(), bias = bias_.contiguous();
     const Tensor gamma = gamma_.contiguous(), beta = beta_.contiguous();
     const int64_t width = a_c.size(-1), rows = a_c.numel() / width;
     Tensor out = at::empty_like(a_c), xhat = at::empty_like(a_c);
     Tensor rstd = at::empty({rows}, a_c.options());
     AT_DISPATCH_FLOATING_TYPES(a_c.scalar_type(), "relmem_add_layer_norm", [&] {
       const scalar_t *pa = a_c.data_ptr<scalar_t>(), *pb = b_c.data_ptr<scalar_t>();
+      const scalar_t* pbias = bias.data_ptr<scalar_t>();
       const scalar_t *g = gamma.data_ptr<scalar_t>(), *bt = beta.data_ptr<scalar_t>();
       scalar_t *po = out.data_ptr<scalar_t>(), *ph = xhat.data_ptr<scalar_t>();
       scalar_t* pr = rstd.data_ptr<scalar_t>();
@@ -387,7 +509,9 @@ struct AddLayerNorm : public torch::autograd::Function<AddLayerNorm> {
         std::vector<scalar_t> sum(width);
         for (int64_t r = begin; r < end; ++r) {
           const int64_t o = r * width;
-          for (int64_t c = 0; c < width; ++c) sum[c] = pa[o + c] + pb[o + c];
+          // (a + bias) + b: the MLP's output with its bias, then the residual.
+          add_rows(sum.data(), pa + o, pbias, width);
+          add_rows(sum.data(), sum.data(), pb + o, width);
           layer_norm_rows(sum.data(), g, bt, ph + o, pr + r, po + o, width);
         }
       });
@@ -402,30 +526,35 @@ struct AddLayerNorm : public torch::autograd::Function<AddLayerNorm> {
     const Tensor dout = grads[0].contiguous();
     const int64_t width = xhat.size(-1), rows = xhat.numel() / width;
     Tensor dx = at::empty_like(xhat);
+    // [chunks, dbias | dγ | dβ]: one row per chunk of rows (one chunk per thread).
     const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(rows, at::get_num_threads()));
-    Tensor dg = at::zeros({chunks, width}, xhat.options());
-    Tensor db = at::zeros({chunks, width}, xhat.options());
+    Tensor params = at::zeros({chunks, 3 * width}, xhat.options());
     AT_DISPATCH_FLOATING_TYPES(xhat.scalar_type(), "relmem_add_layer_norm_backward", [&] {
       const scalar_t *pd = dout.data_ptr<scalar_t>(), *g = gamma.data_ptr<scalar_t>();
       const scalar_t *ph = xhat.data_ptr<scalar_t>(), *pr = rstd.data_ptr<scalar_t>();
       scalar_t* pdx = dx.data_ptr<scalar_t>();
-      scalar_t *pdg = dg.data_ptr<scalar_t>(), *pdb = db.data_ptr<scalar_t>();
+      scalar_t* pparams = params.data_ptr<scalar_t>();
       const int64_t per = (rows + chunks - 1) / chunks;
       at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
         for (int64_t c = begin; c < end; ++c) {
+          scalar_t* dbias = pparams + c * 3 * width;
           for (int64_t r = c * per; r < std::min(rows, (c + 1) * per); ++r) {
             layer_norm_row_backward(pd + r * width, g, ph + r * width, pr[r], pdx + r * width,
-                                    pdg + c * width, pdb + c * width, width);
+                                    dbias + width, dbias + 2 * width, width);
+            add_rows(dbias, dbias, pdx + r * width, width);
           }
         }
       });
     });
-    return {dx, dx, dg.sum(0), db.sum(0)};
+    const Tensor total = params.sum(0);
+    return {dx, dx, total.narrow(0, 0, width), total.narrow(0, width, width),
+            total.narrow(0, 2 * width, width)};
   }
 };
 
-Tensor add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& gamma, const Tensor& beta) {
-  return AddLayerNorm::apply(a, b, gamma, beta);
+Tensor add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& gamma,
+                      const Tensor& beta) {
+  return AddLayerNorm::apply(a, b, bias, gamma, beta);
 }
 
 // ---------------------------------------------------------------- tanh
@@ -631,9 +760,10 @@ tensor_list gate_update(const Tensor& pre, const Tensor& gate_x, const Tensor& r
 
 TORCH_LIBRARY(relmem_fused, m) {
   m.def(
-      "attend_block(Tensor y, Tensor z_in, Tensor residual, Tensor qkv_gamma, Tensor qkv_beta, "
-      "Tensor out_gamma, Tensor out_beta, int heads, int key, int value) -> Tensor");
-  m.def("add_layer_norm(Tensor a, Tensor b, Tensor gamma, Tensor beta) -> Tensor");
+      "attend_block(Tensor y, Tensor z_in, Tensor residual, Tensor qkv_bias, Tensor qkv_gamma, "
+      "Tensor qkv_beta, Tensor out_gamma, Tensor out_beta, int heads, int key, int value) -> "
+      "Tensor");
+  m.def("add_layer_norm(Tensor a, Tensor b, Tensor bias, Tensor gamma, Tensor beta) -> Tensor");
   m.def("tanh(Tensor x) -> Tensor");
   m.def(
       "gate_update(Tensor pre, Tensor gate_x, Tensor rows, Tensor memory, int gate, "
