@@ -217,14 +217,16 @@ def test_deferral_cost_model() -> None:
         FastRelationalMemory(_build(torch.float32), defer_weight_grads="yes")
 
 
+@STEPS
 @pytest.mark.parametrize("chunk", [1, 2])
 @pytest.mark.parametrize(
     "case", ["default", "query-memory-b2", "output-gate-memory", "matrix-blocks-2", "agent-cpu"]
 )
 def test_sequence_hoisted_in_chunks_matches_reference(
-    case: str, chunk: int, monkeypatch: pytest.MonkeyPatch
+    case: str, chunk: int, implementation: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """E1–E3 hoisted per chunk of time steps (``hoist_chunk``), with and without lengths."""
+    """E1–E3 hoisted per chunk of time steps (``hoist_chunk``), with and without lengths; the
+    fused path runs one ``sequence`` operator per chunk, the state passed between them."""
     core = _build(torch.float64, **CASES[case])
     inputs = _input(core, steps=5, batch=3, dtype=torch.float64)
     cfg = core.config
@@ -233,8 +235,9 @@ def test_sequence_hoisted_in_chunks_matches_reference(
     monkeypatch.setattr(fast_module, "HOIST_CHUNK_BYTES", chunk * per_step)
     assert fast_module.hoist_chunk(cfg, inputs) == chunk
     state = _states(core, 3, torch.float64)
-    _compare(core, _fast_copy(core), inputs, state, 1e-10)
-    _compare(core, _fast_copy(core), inputs, state, 1e-10, lengths=torch.tensor([5, 0, 3]))
+    fast = _fast_copy(core, implementation)
+    _compare(core, fast, inputs, state, 1e-10)
+    _compare(core, fast, inputs, state, 1e-10, lengths=torch.tensor([5, 0, 3]))
 
 
 def test_hoist_chunk() -> None:

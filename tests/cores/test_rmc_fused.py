@@ -112,17 +112,38 @@ def test_gate_update_gradients(gate: int, output_gate: bool, used: str) -> None:
 
 
 def test_fused_implementation_runs_the_fused_operators() -> None:
-    """'fused' is not the eager step under another name: its operators show in a profile."""
+    """'fused' is not the eager step under another name: a sequence runs as one
+    ``sequence`` operator, a cell's step as the four step operators."""
     core = RelationalMemory(5, 3, 4, num_heads=2, implementation="fused")
     inputs = torch.randn(3, 2, 5, requires_grad=True)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         output, state = core(inputs)
         (output.sum() + state.memory.sum()).backward()
+    names = {event.key for event in prof.key_averages()}
+    assert "relmem_fused::sequence" in names
+    assert "relmem_fused::attend_block" not in names  # the sequence calls the kernels directly
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
         core.cell(inputs[0])[0].sum().backward()
     names = {event.key for event in prof.key_averages()}
     for op in ("attend_block", "add_layer_norm", "tanh", "gate_update"):
         assert f"relmem_fused::{op}" in names, op
     assert "aten::_scaled_dot_product_flash_attention_for_cpu" not in names
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["training", "inference"])
+def test_fused_sequence_keeps_tensors_only_for_a_backward(grad: bool) -> None:
+    """With gradients the sequence saves its steps' tensors for its backward; without them
+    (no_grad, or nothing that requires grad) it keeps none, so inference holds one step's."""
+    core = RelationalMemory(5, 3, 4, num_heads=2, implementation="fused")
+    core.requires_grad_(grad)
+    inputs = torch.randn(6, 2, 5)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        output, _ = core(inputs)
+    assert output.requires_grad == grad
+    assert (len(saved) > 0) == grad
+    if grad:  # the weights and, per step, the block's and the gate's tensors
+        assert len(saved) > 6 * 10
 
 
 def test_fused_refuses_other_devices() -> None:

@@ -455,6 +455,8 @@ def _defer_weight_grads(weights: _StepWeights, rows_per_step: int | None = None)
 
 
 StepFn = Callable[..., tuple[Tensor, "Tensor | None"]]
+# (spec, weights, memory, hidden, hoisted) -> ([t, B, N, M] memories, hiddens or None)
+SequenceFn = Callable[..., tuple[Tensor, "Tensor | None"]]
 
 
 def fast_cell_step(
@@ -499,6 +501,7 @@ def fast_sequence(
     lengths: Tensor | None,
     step_fn: StepFn = recurrent_step,
     defer_weight_grads: bool | None = None,
+    sequence_fn: SequenceFn | None = None,
 ) -> tuple[Tensor, RMCState]:
     """The whole sequence, equal to ``run_cell_loop`` over the reference step.
 
@@ -515,6 +518,9 @@ def fast_sequence(
             Only with grad mode on, autocast off and outside a graph being traced by
             ``torch.compile`` or ``torch.export``; ``FastRelationalMemory`` turns it off for its
             compiled and graphed runs.
+        sequence_fn: runs each hoisting chunk's steps at once instead of calling ``step_fn`` per
+            step (the fused CPU path's :func:`relmem.cores.rmc.fused.fused_sequence`); E10 does
+            not apply with it.
 
     Returns:
         ``(outputs [T, B, N·M], final state)``; outputs past an example's length are zero and
@@ -527,7 +533,8 @@ def fast_sequence(
     # E10's bank is Python state that a backward fills: a graph being traced (torch.compile,
     # torch.export) cannot hold it, and there the compiler schedules the weight GEMMs itself.
     traced = torch.compiler.is_compiling()
-    if defer_weight_grads is not False and torch.is_grad_enabled() and not autocast and not traced:
+    defer = defer_weight_grads is not False and sequence_fn is None
+    if defer and torch.is_grad_enabled() and not autocast and not traced:
         if defer_weight_grads is None:  # only the weights for which deferral pays
             batch, rows_in = rows.shape[1], rows.shape[2]
             updates_input_rows = spec.query_all and len(step_weights.blocks) > 1
@@ -536,23 +543,19 @@ def fast_sequence(
         else:
             step_weights = _defer_weight_grads(step_weights)
     memory, hidden = state.memory, state.hidden
-    memories, hiddens = [], []
-    # split and unbind, not indexing: the backward of x[t] would zero-fill a [T, ...] buffer
-    # per step (quadratic in T); theirs stack the slices' gradients once.
+    chunks_m, chunks_h = [], []  # [t, B, N, M] per hoisting chunk
     for chunk in rows.split(hoist_chunk(config, rows)):
         hoisted = _hoist(config, weights, step_weights, chunk)
-        steps = chunk.shape[0]
-        xs = hoisted.x.unbind(0)
-        zs = [(None,) * steps if z is None else z.unbind(0) for z in hoisted.z_inputs]
-        gates = (None,) * steps if hoisted.gate_x is None else hoisted.gate_x.unbind(0)
-        for t in range(steps):
-            z_t = tuple(z[t] for z in zs)
-            memory, hidden = step_fn(spec, step_weights, memory, hidden, xs[t], z_t, gates[t])
-            memories.append(memory)
-            if hidden is not None:
-                hiddens.append(hidden)
-    stacked_m = torch.stack(memories)  # [T, B, N, M]; E12: the outputs are these memories
-    stacked_h = torch.stack(hiddens) if hiddens else None
+        if sequence_fn is None:
+            chunk_m, chunk_h = _step_loop(step_fn, spec, step_weights, memory, hidden, hoisted)
+        else:
+            chunk_m, chunk_h = sequence_fn(spec, step_weights, memory, hidden, hoisted)
+        memory, hidden = chunk_m[-1], None if chunk_h is None else chunk_h[-1]
+        chunks_m.append(chunk_m)
+        if chunk_h is not None:
+            chunks_h.append(chunk_h)
+    stacked_m = _join(chunks_m)  # [T, B, N, M]; E12: the outputs are these memories
+    stacked_h = _join(chunks_h) if chunks_h else None
     shown = stacked_m if stacked_h is None else stacked_h
     outputs = shown.flatten(2)  # [T, B, N·M]
     if lengths is None:
@@ -574,6 +577,37 @@ def fast_sequence(
         assert state.hidden is not None
         final_h = final(state.hidden, stacked_h)
     return outputs, RMCState(final_m, final_h)
+
+
+def _step_loop(
+    step_fn: StepFn,
+    spec: _StepSpec,
+    weights: _StepWeights,
+    memory: Tensor,
+    hidden: Tensor | None,
+    hoisted: _Hoisted,
+) -> tuple[Tensor, Tensor | None]:
+    """One chunk's steps, one ``step_fn`` call each: ``([t, B, N, M] memories, hiddens or
+    None)``."""
+    steps = hoisted.x.shape[0]
+    # unbind, not indexing: the backward of x[t] would zero-fill a [t, ...] buffer per step
+    # (quadratic in t); unbind's stacks the slices' gradients once.
+    xs = hoisted.x.unbind(0)
+    zs = [(None,) * steps if z is None else z.unbind(0) for z in hoisted.z_inputs]
+    gates = (None,) * steps if hoisted.gate_x is None else hoisted.gate_x.unbind(0)
+    memories, hiddens = [], []
+    for t in range(steps):
+        z_t = tuple(z[t] for z in zs)
+        memory, hidden = step_fn(spec, weights, memory, hidden, xs[t], z_t, gates[t])
+        memories.append(memory)
+        if hidden is not None:
+            hiddens.append(hidden)
+    return torch.stack(memories), torch.stack(hiddens) if hiddens else None
+
+
+def _join(chunks: list[Tensor]) -> Tensor:
+    """The chunks' ``[t, ...]`` tensors along time (no copy for one chunk)."""
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
 
 
 # ---------------------------------------------------------------- the FLOP model

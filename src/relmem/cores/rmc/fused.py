@@ -1,4 +1,4 @@
-"""The fused CPU step: :func:`recurrent_step`'s arithmetic with its small ops joined in C++.
+"""The fused CPU path: :func:`recurrent_step`'s arithmetic with its small ops joined in C++.
 
 On small cores the fast path's step is made of per-op overhead on small tensors, not
 arithmetic (``docs/performance.md`` §4.1, §4.6): LayerNorms, a ``cat``, attention over a handful
@@ -8,9 +8,20 @@ runs the same step with four C++ operators, each with a hand-written backward
 over the step's rows and the hoisted input rows without joining them, the residual and LN_attn),
 ``add_layer_norm`` (the MLP's last bias, its residual and LayerNorm), ``gate_update`` (the gates,
 the blend and the output gate) and ``tanh`` (the recurrent input). The weight products stay ATen
-GEMMs (without those two biases, so that no bias is copied into their outputs) and
-E1–E3 and E10 apply as on the fast path (:func:`relmem.cores.rmc.fast.fast_sequence` runs this
-step). The reference remains the oracle (``tests/cores/test_rmc_fused.py``).
+GEMMs (without those two biases, so that no bias is copied into their outputs).
+
+Two entry points, as on the fast path:
+
+- :func:`fused_step`, one step from the four operators, for ``RelationalMemoryCell``.
+- :func:`fused_sequence`, for ``RelationalMemory``: the ``sequence`` operator runs a chunk of
+  steps in a C++ loop, GEMMs included, and its backward runs the loop in reverse with the four
+  operators' backward functions, summing each weight's gradient over the steps inside its GEMM.
+  One autograd node per hoisting chunk instead of about ten per step (``docs/performance.md``
+  §4.9). :func:`relmem.cores.rmc.fast.fast_sequence` still hoists E1–E3 and applies ``lengths``;
+  E10 does not apply (the operator makes the weights' gradients itself).
+
+The reference remains the oracle: ``tests/cores/test_rmc_fast.py`` compares both entry points
+with it over every option, forward and backward, states included.
 
 The operators are compiled on first use with ``torch.utils.cpp_extension`` (a C++ compiler and
 ``ninja`` are needed; the build is cached under ``~/.cache/torch_extensions``). CPU only.
@@ -24,7 +35,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from relmem.cores.rmc.fast import StepFn, _linear, _mlp, _StepSpec, _StepWeights
+from relmem.cores.rmc.fast import StepFn, _Hoisted, _linear, _mlp, _StepSpec, _StepWeights
 
 _SOURCE = Path(__file__).with_name("csrc") / "fused_step.cpp"
 
@@ -155,3 +166,52 @@ def fused_step(
         pre, gate_x, rows_mem, memory, spec.gate, spec.output_gate
     )
     return new_memory, new_hidden if spec.output_gate else None
+
+
+def fused_sequence(
+    spec: _StepSpec,
+    weights: _StepWeights,
+    memory: Tensor,
+    hidden: Tensor | None,
+    hoisted: _Hoisted,
+) -> tuple[Tensor, Tensor | None]:
+    """The steps of :func:`fused_step` over a chunk of time as one operator with one backward
+    (``relmem_fused::sequence``): the GEMMs run inside its loop, and each weight's gradient is
+    summed over the steps inside its GEMM. A :data:`relmem.cores.rmc.fast.SequenceFn`.
+
+    Args:
+        spec: static sizes and options.
+        weights: the in-loop tensors (``_step_weights``), not banked (E10 does not apply: the
+            operator makes each weight's gradient itself).
+        memory: ``[B, N, M]`` m before the chunk. hidden: ``[B, N, M]`` h, or None.
+        hoisted: the chunk's input-only work, ``x [t, B, n, M]`` and the rest (E1–E3).
+
+    Returns:
+        ``(memories, hiddens)``: ``[t, B, N, M]`` each (hiddens None without ``output_gate``).
+    """
+    flat: list[Tensor] = []
+    for block in weights.blocks:
+        flat += [block.qkv_w, block.qkv_b, *block.qkv_ln, *block.attn_ln, *block.mlp_ln]
+        for weight, bias in block.mlp:
+            flat += [weight, bias]
+    if hoisted.gate_x is not None:
+        assert isinstance(weights.gate_w, Tensor)
+        flat.append(weights.gate_w)
+    z_inputs = [z for z in hoisted.z_inputs if z is not None]
+    outputs = torch.ops.relmem_fused.sequence(
+        memory,
+        hidden if spec.output_gate else None,
+        hoisted.x,
+        z_inputs,
+        hoisted.gate_x,
+        flat,
+        [int(z is not None) for z in hoisted.z_inputs],
+        spec.heads,
+        spec.key,
+        spec.value,
+        spec.gate,
+        spec.query_all,
+        spec.output_gate,
+        len(weights.blocks[0].mlp),
+    )
+    return outputs[0], outputs[1] if spec.output_gate else None

@@ -46,7 +46,7 @@ from relmem.cores.rmc.fast import (
     fast_sequence,
     recurrent_step,
 )
-from relmem.cores.rmc.fused import load_fused_ops, prepare_fused
+from relmem.cores.rmc.fused import fused_sequence, load_fused_ops, prepare_fused
 from relmem.cores.rmc.reference import AttentionBlock, AttentionMLP, reference_step
 from relmem.validation import check_bool, check_factory
 
@@ -567,12 +567,13 @@ class RelationalMemory(nn.Module):
         cell = self.cell
         seq, rows, state = self.prepare(input, state, lengths)
         if self.implementation != "reference":
-            step_fn = recurrent_step
+            sequence_fn = None
             if self.implementation == "fused":
-                step_fn = prepare_fused(rows.device)
+                prepare_fused(rows.device)
+                sequence_fn = fused_sequence
             weights = cell.fast_weights()
             outputs, final_state = fast_sequence(
-                cell.config, weights, rows, state, seq.lengths, step_fn
+                cell.config, weights, rows, state, seq.lengths, sequence_fn=sequence_fn
             )
             return finish_sequence(outputs, seq, self.batch_first), final_state
 

@@ -487,68 +487,81 @@ Tensor attend_block(const Tensor& y, const Tensor& z_in, const Tensor& residual,
 
 // ---------------------------------------------------------------- add_layer_norm
 
-struct AddLayerNorm : public torch::autograd::Function<AddLayerNorm> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& a, const Tensor& b_,
-                        const Tensor& bias_, const Tensor& gamma_, const Tensor& beta_) {
-    check_cpu(a, "a");
-    TORCH_CHECK(a.sizes() == b_.sizes(), "relmem add_layer_norm: a and b differ in shape");
-    TORCH_CHECK(bias_.numel() == a.size(-1), "relmem add_layer_norm: bias needs ", a.size(-1),
-                " entries");
-    const Tensor a_c = a.contiguous(), b_c = b_.contiguous(), bias = bias_.contiguous();
-    const Tensor gamma = gamma_.contiguous(), beta = beta_.contiguous();
-    const int64_t width = a_c.size(-1), rows = a_c.numel() / width;
-    Tensor out = at::empty_like(a_c), xhat = at::empty_like(a_c);
-    Tensor rstd = at::empty({rows}, a_c.options());
-    AT_DISPATCH_FLOATING_TYPES(a_c.scalar_type(), "relmem_add_layer_norm", [&] {
-      const scalar_t *pa = a_c.data_ptr<scalar_t>(), *pb = b_c.data_ptr<scalar_t>();
-      const scalar_t* pbias = bias.data_ptr<scalar_t>();
-      const scalar_t *g = gamma.data_ptr<scalar_t>(), *bt = beta.data_ptr<scalar_t>();
-      scalar_t *po = out.data_ptr<scalar_t>(), *ph = xhat.data_ptr<scalar_t>();
-      scalar_t* pr = rstd.data_ptr<scalar_t>();
-      at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
-        std::vector<scalar_t> sum(width);
-        for (int64_t r = begin; r < end; ++r) {
-          const int64_t o = r * width;
-          // (a + bias) + b: the MLP's output with its bias, then the residual.
-          add_rows(sum.data(), pa + o, pbias, width);
-          add_rows(sum.data(), sum.data(), pb + o, width);
-          layer_norm_rows(sum.data(), g, bt, ph + o, pr + r, po + o, width);
-        }
-      });
+// Forward: LN((a + bias) + b) over the last axis. Returns out, xhat, rstd.
+tensor_list add_layer_norm_forward(const Tensor& a, const Tensor& b_, const Tensor& bias_,
+                                   const Tensor& gamma_, const Tensor& beta_) {
+  check_cpu(a, "a");
+  TORCH_CHECK(a.sizes() == b_.sizes(), "relmem add_layer_norm: a and b differ in shape");
+  TORCH_CHECK(bias_.numel() == a.size(-1), "relmem add_layer_norm: bias needs ", a.size(-1),
+              " entries");
+  const Tensor a_c = a.contiguous(), b_c = b_.contiguous(), bias = bias_.contiguous();
+  const Tensor gamma = gamma_.contiguous(), beta = beta_.contiguous();
+  const int64_t width = a_c.size(-1), rows = a_c.numel() / width;
+  Tensor out = at::empty_like(a_c), xhat = at::empty_like(a_c);
+  Tensor rstd = at::empty({rows}, a_c.options());
+  AT_DISPATCH_FLOATING_TYPES(a_c.scalar_type(), "relmem_add_layer_norm", [&] {
+    const scalar_t *pa = a_c.data_ptr<scalar_t>(), *pb = b_c.data_ptr<scalar_t>();
+    const scalar_t* pbias = bias.data_ptr<scalar_t>();
+    const scalar_t *g = gamma.data_ptr<scalar_t>(), *bt = beta.data_ptr<scalar_t>();
+    scalar_t *po = out.data_ptr<scalar_t>(), *ph = xhat.data_ptr<scalar_t>();
+    scalar_t* pr = rstd.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> sum(width);
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t o = r * width;
+        // (a + bias) + b: the MLP's output with its bias, then the residual.
+        add_rows(sum.data(), pa + o, pbias, width);
+        add_rows(sum.data(), sum.data(), pb + o, width);
+        layer_norm_rows(sum.data(), g, bt, ph + o, pr + r, po + o, width);
+      }
     });
-    ctx->save_for_backward({gamma, xhat, rstd});
-    return out;
+  });
+  return {out, xhat, rstd};
+}
+
+// Backward: returns d(a + bias + b) (the gradient of a and of b), dbias, dγ, dβ.
+tensor_list add_layer_norm_backward(const Tensor& dout_, const Tensor& gamma,
+                                    const Tensor& xhat, const Tensor& rstd) {
+  const Tensor dout = dout_.contiguous();
+  const int64_t width = xhat.size(-1), rows = xhat.numel() / width;
+  Tensor dx = at::empty_like(xhat);
+  // [chunks, dbias | dγ | dβ]: one row per chunk of rows (one chunk per thread).
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(rows, at::get_num_threads()));
+  Tensor params = at::zeros({chunks, 3 * width}, xhat.options());
+  AT_DISPATCH_FLOATING_TYPES(xhat.scalar_type(), "relmem_add_layer_norm_backward", [&] {
+    const scalar_t *pd = dout.data_ptr<scalar_t>(), *g = gamma.data_ptr<scalar_t>();
+    const scalar_t *ph = xhat.data_ptr<scalar_t>(), *pr = rstd.data_ptr<scalar_t>();
+    scalar_t* pdx = dx.data_ptr<scalar_t>();
+    scalar_t* pparams = params.data_ptr<scalar_t>();
+    const int64_t per = (rows + chunks - 1) / chunks;
+    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        scalar_t* dbias = pparams + c * 3 * width;
+        for (int64_t r = c * per; r < std::min(rows, (c + 1) * per); ++r) {
+          layer_norm_row_backward(pd + r * width, g, ph + r * width, pr[r], pdx + r * width,
+                                  dbias + width, dbias + 2 * width, width);
+          add_rows(dbias, dbias, pdx + r * width, width);
+        }
+      }
+    });
+  });
+  const Tensor total = params.sum(0);
+  return {dx, total.narrow(0, 0, width), total.narrow(0, width, width),
+          total.narrow(0, 2 * width, width)};
+}
+
+struct AddLayerNorm : public torch::autograd::Function<AddLayerNorm> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& a, const Tensor& b,
+                        const Tensor& bias, const Tensor& gamma, const Tensor& beta) {
+    tensor_list r = add_layer_norm_forward(a, b, bias, gamma, beta);
+    ctx->save_for_backward({gamma.contiguous(), r[1], r[2]});
+    return r[0];
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const auto v = ctx->get_saved_variables();
-    const Tensor &gamma = v[0], &xhat = v[1], &rstd = v[2];
-    const Tensor dout = grads[0].contiguous();
-    const int64_t width = xhat.size(-1), rows = xhat.numel() / width;
-    Tensor dx = at::empty_like(xhat);
-    // [chunks, dbias | dγ | dβ]: one row per chunk of rows (one chunk per thread).
-    const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(rows, at::get_num_threads()));
-    Tensor params = at::zeros({chunks, 3 * width}, xhat.options());
-    AT_DISPATCH_FLOATING_TYPES(xhat.scalar_type(), "relmem_add_layer_norm_backward", [&] {
-      const scalar_t *pd = dout.data_ptr<scalar_t>(), *g = gamma.data_ptr<scalar_t>();
-      const scalar_t *ph = xhat.data_ptr<scalar_t>(), *pr = rstd.data_ptr<scalar_t>();
-      scalar_t* pdx = dx.data_ptr<scalar_t>();
-      scalar_t* pparams = params.data_ptr<scalar_t>();
-      const int64_t per = (rows + chunks - 1) / chunks;
-      at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t c = begin; c < end; ++c) {
-          scalar_t* dbias = pparams + c * 3 * width;
-          for (int64_t r = c * per; r < std::min(rows, (c + 1) * per); ++r) {
-            layer_norm_row_backward(pd + r * width, g, ph + r * width, pr[r], pdx + r * width,
-                                    dbias + width, dbias + 2 * width, width);
-            add_rows(dbias, dbias, pdx + r * width, width);
-          }
-        }
-      });
-    });
-    const Tensor total = params.sum(0);
-    return {dx, dx, total.narrow(0, 0, width), total.narrow(0, width, width),
-            total.narrow(0, 2 * width, width)};
+    tensor_list d = add_layer_norm_backward(grads[0], v[0], v[1], v[2]);
+    return {d[0], d[0], d[1], d[2], d[3]};
   }
 };
 
@@ -564,34 +577,43 @@ void tanh_span(const scalar_t* __restrict x, scalar_t* __restrict y, int64_t n) 
   for (int64_t i = 0; i < n; ++i) y[i] = tanh_of(x[i]);
 }
 
-struct Tanh : public torch::autograd::Function<Tanh> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& x_) {
-    check_cpu(x_, "x");
-    const Tensor x = x_.contiguous();
-    Tensor t = at::empty_like(x);
-    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "relmem_tanh", [&] {
-      const scalar_t* px = x.data_ptr<scalar_t>();
-      scalar_t* pt = t.data_ptr<scalar_t>();
-      at::parallel_for(0, x.numel(), 4096, [&](int64_t begin, int64_t end) {
-        tanh_span(px + begin, pt + begin, end - begin);
-      });
+Tensor tanh_tensor(const Tensor& x_) {
+  check_cpu(x_, "x");
+  const Tensor x = x_.contiguous();
+  Tensor t = at::empty_like(x);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "relmem_tanh", [&] {
+    const scalar_t* px = x.data_ptr<scalar_t>();
+    scalar_t* pt = t.data_ptr<scalar_t>();
+    at::parallel_for(0, x.numel(), 4096, [&](int64_t begin, int64_t end) {
+      tanh_span(px + begin, pt + begin, end - begin);
     });
+  });
+  return t;
+}
+
+// dx = grad·(1 − t²) from t = tanh(x).
+Tensor tanh_tensor_backward(const Tensor& t, const Tensor& grad_) {
+  const Tensor grad = grad_.contiguous();
+  Tensor dx = at::empty_like(t);
+  AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "relmem_tanh_backward", [&] {
+    const scalar_t *pt = t.data_ptr<scalar_t>(), *pg = grad.data_ptr<scalar_t>();
+    scalar_t* pd = dx.data_ptr<scalar_t>();
+    at::parallel_for(0, t.numel(), 4096, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) pd[i] = pg[i] * (1 - pt[i] * pt[i]);
+    });
+  });
+  return dx;
+}
+
+struct Tanh : public torch::autograd::Function<Tanh> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x) {
+    Tensor t = tanh_tensor(x);
     ctx->save_for_backward({t});
     return t;
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    const Tensor t = ctx->get_saved_variables()[0];
-    const Tensor grad = grads[0].contiguous();
-    Tensor dx = at::empty_like(t);
-    AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "relmem_tanh_backward", [&] {
-      const scalar_t *pt = t.data_ptr<scalar_t>(), *pg = grad.data_ptr<scalar_t>();
-      scalar_t* pd = dx.data_ptr<scalar_t>();
-      at::parallel_for(0, t.numel(), 4096, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) pd[i] = pg[i] * (1 - pt[i] * pt[i]);
-      });
-    });
-    return {dx};
+    return {tanh_tensor_backward(ctx->get_saved_variables()[0], grads[0])};
   }
 };
 
@@ -681,79 +703,398 @@ void for_each_gate_row(bool unit, bool output_gate, int64_t total, Row&& row) {
 }
 
 // Forward: new_memory = i ⊙ tanh(rows) + f ⊙ memory; hidden = o ⊙ tanh(new_memory) with the
-// output gate, else tanh(new_memory). Saves gates [B, N, W], tanh(rows), tanh(new_memory).
-struct GateUpdate : public torch::autograd::Function<GateUpdate> {
-  static tensor_list forward(AutogradContext* ctx, const Tensor& pre_, const Tensor& gate_x_,
-                             const Tensor& rows_, const Tensor& memory_, int64_t gate,
-                             bool output_gate) {
-    check_cpu(pre_, "pre");
-    TORCH_CHECK(pre_.dim() == 3 && rows_.sizes() == memory_.sizes() && rows_.dim() == 3,
-                "relmem gate_update: pre [B, N, W], rows and memory [B, N, M]");
-    const int64_t W = (output_gate ? 3 : 2) * gate;
-    TORCH_CHECK(pre_.size(2) == W && gate_x_.dim() == 2 && gate_x_.size(1) == W,
-                "relmem gate_update: pre [B, N, W] and gate_x [B, W] need W = ", W, " columns");
-    TORCH_CHECK(gate == 1 || gate == rows_.size(2),
-                "relmem gate_update: the gate width must be 1 or the slot width");
-    const Tensor pre = pre_.contiguous(), gate_x = gate_x_.contiguous();
-    const Tensor rows = rows_.contiguous(), memory = memory_.contiguous();
-    const int64_t slots = rows.size(1), width = rows.size(2), total = rows.size(0) * slots;
-    Tensor gates = at::empty_like(pre);  // [B, N, W]
-    Tensor tanh_rows = at::empty_like(rows), tanh_new = at::empty_like(rows);
-    Tensor new_memory = at::empty_like(rows);
-    Tensor hidden = output_gate ? at::empty_like(rows) : tanh_new;
-    AT_DISPATCH_FLOATING_TYPES(rows.scalar_type(), "relmem_gate_update", [&] {
-      const scalar_t *pp = pre.data_ptr<scalar_t>(), *px = gate_x.data_ptr<scalar_t>();
-      const scalar_t *prows = rows.data_ptr<scalar_t>(), *pm = memory.data_ptr<scalar_t>();
-      scalar_t *pg = gates.data_ptr<scalar_t>(), *ptr = tanh_rows.data_ptr<scalar_t>();
-      scalar_t *ptn = tanh_new.data_ptr<scalar_t>(), *pn = new_memory.data_ptr<scalar_t>();
-      scalar_t* ph = hidden.data_ptr<scalar_t>();
-      const bool unit_gates = gate != 1 || width == 1;
-      for_each_gate_row(unit_gates, output_gate, total, [&]<bool unit, bool out_gate>(int64_t r) {
-        const int64_t o = r * width;
-        gate_forward_row<scalar_t, unit, out_gate>(pp + r * W, px + (r / slots) * W, prows + o,
-                                                   pm + o, pg + r * W, ptr + o, pn + o, ptn + o,
-                                                   ph + o, width, gate);
-      });
+// output gate, else tanh(new_memory) (the next step's recurrent input). Returns new_memory,
+// hidden and, for the backward, gates [B, N, W], tanh(rows), memory, tanh(new_memory).
+tensor_list gate_update_forward(const Tensor& pre_, const Tensor& gate_x_, const Tensor& rows_,
+                                const Tensor& memory_, int64_t gate, bool output_gate) {
+  check_cpu(pre_, "pre");
+  TORCH_CHECK(pre_.dim() == 3 && rows_.sizes() == memory_.sizes() && rows_.dim() == 3,
+              "relmem gate_update: pre [B, N, W], rows and memory [B, N, M]");
+  const int64_t W = (output_gate ? 3 : 2) * gate;
+  TORCH_CHECK(pre_.size(2) == W && gate_x_.dim() == 2 && gate_x_.size(1) == W,
+              "relmem gate_update: pre [B, N, W] and gate_x [B, W] need W = ", W, " columns");
+  TORCH_CHECK(gate == 1 || gate == rows_.size(2),
+              "relmem gate_update: the gate width must be 1 or the slot width");
+  const Tensor pre = pre_.contiguous(), gate_x = gate_x_.contiguous();
+  const Tensor rows = rows_.contiguous(), memory = memory_.contiguous();
+  const int64_t slots = rows.size(1), width = rows.size(2), total = rows.size(0) * slots;
+  Tensor gates = at::empty_like(pre);  // [B, N, W]
+  Tensor tanh_rows = at::empty_like(rows), tanh_new = at::empty_like(rows);
+  Tensor new_memory = at::empty_like(rows);
+  Tensor hidden = output_gate ? at::empty_like(rows) : tanh_new;
+  AT_DISPATCH_FLOATING_TYPES(rows.scalar_type(), "relmem_gate_update", [&] {
+    const scalar_t *pp = pre.data_ptr<scalar_t>(), *px = gate_x.data_ptr<scalar_t>();
+    const scalar_t *prows = rows.data_ptr<scalar_t>(), *pm = memory.data_ptr<scalar_t>();
+    scalar_t *pg = gates.data_ptr<scalar_t>(), *ptr = tanh_rows.data_ptr<scalar_t>();
+    scalar_t *ptn = tanh_new.data_ptr<scalar_t>(), *pn = new_memory.data_ptr<scalar_t>();
+    scalar_t* ph = hidden.data_ptr<scalar_t>();
+    const bool unit_gates = gate != 1 || width == 1;
+    for_each_gate_row(unit_gates, output_gate, total, [&]<bool unit, bool out_gate>(int64_t r) {
+      const int64_t o = r * width;
+      gate_forward_row<scalar_t, unit, out_gate>(pp + r * W, px + (r / slots) * W, prows + o,
+                                                 pm + o, pg + r * W, ptr + o, pn + o, ptn + o,
+                                                 ph + o, width, gate);
     });
-    ctx->save_for_backward({gates, tanh_rows, memory, tanh_new});
+  });
+  return {new_memory, hidden, gates, tanh_rows, memory, tanh_new};
+}
+
+// Backward from the saved gates, tanh(rows), memory and tanh(new_memory), and the gradients of
+// new_memory and hidden (either may be undefined: zeros). Returns dpre [B, N, W], dgate_x
+// [B, W], drows, dmemory.
+tensor_list gate_update_backward(const Tensor& gates, const Tensor& tanh_rows,
+                                 const Tensor& memory, const Tensor& tanh_new,
+                                 const Tensor& dnew_, const Tensor& dhid_, int64_t gate,
+                                 bool output_gate) {
+  const int64_t W = (output_gate ? 3 : 2) * gate;
+  const int64_t width = memory.size(2), total = memory.size(0) * memory.size(1);
+  const Tensor dnew = dnew_.defined() ? dnew_.contiguous() : at::zeros_like(memory);
+  const Tensor dhid = dhid_.defined() ? dhid_.contiguous() : at::zeros_like(memory);
+  Tensor dpre = at::empty_like(gates);
+  Tensor drows = at::empty_like(memory), dmemory = at::empty_like(memory);
+  AT_DISPATCH_FLOATING_TYPES(memory.scalar_type(), "relmem_gate_update_backward", [&] {
+    const scalar_t *pg = gates.data_ptr<scalar_t>(), *ptr = tanh_rows.data_ptr<scalar_t>();
+    const scalar_t *pm = memory.data_ptr<scalar_t>(), *ptn = tanh_new.data_ptr<scalar_t>();
+    const scalar_t *pdn = dnew.data_ptr<scalar_t>(), *pdh = dhid.data_ptr<scalar_t>();
+    scalar_t *pdp = dpre.data_ptr<scalar_t>(), *pdr = drows.data_ptr<scalar_t>();
+    scalar_t* pdm = dmemory.data_ptr<scalar_t>();
+    const bool unit_gates = gate != 1 || width == 1;
+    for_each_gate_row(unit_gates, output_gate, total, [&]<bool unit, bool out_gate>(int64_t r) {
+      const int64_t o = r * width;
+      gate_backward_row<scalar_t, unit, out_gate>(pg + r * W, ptr + o, pm + o, ptn + o,
+                                                  pdn + o, pdh + o, pdp + r * W, pdr + o,
+                                                  pdm + o, width, gate);
+    });
+  });
+  return {dpre, dpre.sum(1), drows, dmemory};
+}
+
+struct GateUpdate : public torch::autograd::Function<GateUpdate> {
+  static tensor_list forward(AutogradContext* ctx, const Tensor& pre, const Tensor& gate_x,
+                             const Tensor& rows, const Tensor& memory, int64_t gate,
+                             bool output_gate) {
+    tensor_list r = gate_update_forward(pre, gate_x, rows, memory, gate, output_gate);
+    ctx->save_for_backward({r[2], r[3], r[4], r[5]});
     ctx->saved_data["gate"] = gate;
     ctx->saved_data["output_gate"] = output_gate;
-    return {new_memory, hidden};
+    return {r[0], r[1]};
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const auto v = ctx->get_saved_variables();
-    const Tensor &gates = v[0], &tanh_rows = v[1], &memory = v[2], &tanh_new = v[3];
-    const int64_t gate = ctx->saved_data["gate"].toInt();
-    const bool output_gate = ctx->saved_data["output_gate"].toBool();
-    const int64_t W = (output_gate ? 3 : 2) * gate;
-    const int64_t width = memory.size(2), total = memory.size(0) * memory.size(1);
-    // An output whose gradient is undefined (unused) contributes zeros.
-    const Tensor dnew = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(memory);
-    const Tensor dhid = grads[1].defined() ? grads[1].contiguous() : at::zeros_like(memory);
-    Tensor dpre = at::empty_like(gates);
-    Tensor drows = at::empty_like(memory), dmemory = at::empty_like(memory);
-    AT_DISPATCH_FLOATING_TYPES(memory.scalar_type(), "relmem_gate_update_backward", [&] {
-      const scalar_t *pg = gates.data_ptr<scalar_t>(), *ptr = tanh_rows.data_ptr<scalar_t>();
-      const scalar_t *pm = memory.data_ptr<scalar_t>(), *ptn = tanh_new.data_ptr<scalar_t>();
-      const scalar_t *pdn = dnew.data_ptr<scalar_t>(), *pdh = dhid.data_ptr<scalar_t>();
-      scalar_t *pdp = dpre.data_ptr<scalar_t>(), *pdr = drows.data_ptr<scalar_t>();
-      scalar_t* pdm = dmemory.data_ptr<scalar_t>();
-      const bool unit_gates = gate != 1 || width == 1;
-      for_each_gate_row(unit_gates, output_gate, total, [&]<bool unit, bool out_gate>(int64_t r) {
-        const int64_t o = r * width;
-        gate_backward_row<scalar_t, unit, out_gate>(pg + r * W, ptr + o, pm + o, ptn + o,
-                                                    pdn + o, pdh + o, pdp + r * W, pdr + o,
-                                                    pdm + o, width, gate);
-      });
-    });
-    return {dpre, dpre.sum(1), drows, dmemory, Tensor(), Tensor()};
+    tensor_list d = gate_update_backward(v[0], v[1], v[2], v[3], grads[0], grads[1],
+                                         ctx->saved_data["gate"].toInt(),
+                                         ctx->saved_data["output_gate"].toBool());
+    return {d[0], d[1], d[2], d[3], Tensor(), Tensor()};
   }
 };
 
 tensor_list gate_update(const Tensor& pre, const Tensor& gate_x, const Tensor& rows,
                         const Tensor& memory, int64_t gate, bool output_gate) {
   return GateUpdate::apply(pre, gate_x, rows, memory, gate, output_gate);
+}
+
+// ---------------------------------------------------------------- sequence
+
+// A whole sequence of recurrent steps as one operator with one backward: fused_step's steps
+// (relmem/cores/rmc/fused.py), their GEMMs included, run in a C++ loop, and the backward runs
+// the loop in reverse with the operators' backward functions, each weight's gradient summed
+// over the steps inside its GEMM (beta = 1). It saves the per-step autograd nodes and the eager
+// ops between the operators; on small cores those cost more than the step's arithmetic
+// (docs/performance.md §4.9).
+//
+// The weights come flat: per block qkv_w [Q, M], qkv_b [Q], LN_qkv γ, β [Q], LN_attn γ, β [M],
+// LN_mlp γ, β [M], then (W [M, M], b [M]) per MLP layer; then the memory-gate weight [W, M]
+// when gated. z_inputs holds the hoisted input-row qkv [T, B, n, Q] of the blocks flagged in
+// `hoisted`, in block order.
+
+constexpr int64_t kBlockTensors = 8;
+
+// x·Wᵀ (+ b) over the last axis: [..., in] -> [..., out].
+Tensor project(const Tensor& x, const Tensor& weight) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = weight.size(0);
+  return at::mm(x.reshape({-1, x.size(-1)}), weight.t()).view(sizes);
+}
+
+Tensor project(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = weight.size(0);
+  return at::addmm(bias, x.reshape({-1, x.size(-1)}), weight.t()).view(sizes);
+}
+
+// dy·W: the gradient of project's input, [..., out] -> [..., in].
+Tensor project_back(const Tensor& dy, const Tensor& weight) {
+  auto sizes = dy.sizes().vec();
+  sizes.back() = weight.size(1);
+  return at::mm(dy.reshape({-1, dy.size(-1)}), weight).view(sizes);
+}
+
+// grad += dyᵀ·x over all rows: [out, in] from [..., out] and [..., in].
+void add_weight_grad(Tensor& grad, const Tensor& dy, const Tensor& x) {
+  grad.addmm_(dy.reshape({-1, dy.size(-1)}).t(), x.reshape({-1, x.size(-1)}));
+}
+
+// a + b, an undefined tensor being zero.
+Tensor plus(const Tensor& a, const Tensor& b) {
+  if (!a.defined()) return b;
+  if (!b.defined()) return a;
+  return a + b;
+}
+
+// Where forward() put each saved tensor: the weights, then per step and block gemm_in, z_in,
+// attend_block's six, the MLP layers' inputs, LN_mlp's xhat and 1/σ; then per step, when
+// gated, the recurrent input, gates, tanh(rows), m_{t-1} and tanh(m_t).
+struct SequenceLayout {
+  int64_t weights, blocks, layers;
+  bool gated;
+  int64_t block_stride() const { return 10 + layers; }
+  int64_t step_stride() const { return blocks * block_stride() + (gated ? 5 : 0); }
+  int64_t block(int64_t t, int64_t k) const {
+    return weights + t * step_stride() + k * block_stride();
+  }
+  int64_t gates(int64_t t) const { return weights + t * step_stride() + blocks * block_stride(); }
+};
+
+// The steps; with `saved`, also what the backward needs (SequenceLayout's order). Returns the
+// memories [T, B, N, M] and, with the output gate, the hidden states.
+tensor_list sequence_forward(const Tensor& memory0, const std::optional<Tensor>& hidden0,
+                             const Tensor& x, at::TensorList z_inputs,
+                             const std::optional<Tensor>& gate_x, at::TensorList weights,
+                             at::IntArrayRef hoisted, int64_t heads, int64_t key, int64_t value,
+                             int64_t gate, bool query_all, bool output_gate, int64_t layers,
+                             tensor_list* saved) {
+  check_cpu(memory0, "memory");
+  const int64_t steps = x.size(0), slots = memory0.size(1);
+  const int64_t blocks = static_cast<int64_t>(hoisted.size());
+  const bool gated = gate_x.has_value() && gate_x->defined();
+  const int64_t per_block = kBlockTensors + 2 * layers;
+  TORCH_CHECK(layers >= 1 && blocks >= 1 &&
+                  static_cast<int64_t>(weights.size()) == blocks * per_block + (gated ? 1 : 0),
+              "relmem sequence: the weight list does not match the blocks and layers");
+  TORCH_CHECK(!output_gate || (hidden0.has_value() && hidden0->defined()),
+              "relmem sequence: the output gate needs the initial hidden state");
+  const auto keep = [saved](std::initializer_list<Tensor> tensors) {
+    if (saved != nullptr) saved->insert(saved->end(), tensors);
+  };
+  if (saved != nullptr) saved->assign(weights.begin(), weights.end());
+  tensor_list memories, hiddens;
+  Tensor memory = memory0;
+  Tensor recurrent;  // the gate GEMM's input: h_{t-1} with the output gate, else tanh(m_{t-1})
+  if (gated) recurrent = output_gate ? *hidden0 : tanh_tensor(memory0);
+  for (int64_t t = 0; t < steps; ++t) {
+    Tensor rows_mem = memory, rows_in = x[t];
+    int64_t next_z = 0;
+    for (int64_t k = 0; k < blocks; ++k) {
+      const Tensor* w = weights.data() + k * per_block;
+      const bool full = query_all && k < blocks - 1;  // the block updates the input rows too
+      const Tensor z = hoisted[k] ? z_inputs[next_z++][t] : Tensor();
+      const Tensor joined = full || !z.defined() ? at::cat({rows_mem, rows_in}, 1) : Tensor();
+      const Tensor gemm_in = z.defined() ? rows_mem : joined;
+      const Tensor y = project(gemm_in, w[0]);
+      const Tensor z_in = z.defined() ? z : y.new_empty({y.size(0), 0, y.size(2)});
+      tensor_list a = attend_block_forward(y, z_in, full ? joined : rows_mem, w[1], w[2], w[3],
+                                           w[4], w[5], heads, key, value);
+      keep({gemm_in, z_in, a[1], a[2], a[3], a[4], a[5], a[6]});
+      Tensor u = a[0];
+      for (int64_t l = 0; l < layers; ++l) {
+        if (l > 0) u = at::relu(u);
+        keep({u});  // the layer's input
+        const Tensor& weight = w[kBlockTensors + 2 * l];
+        u = l < layers - 1 ? project(u, weight, w[kBlockTensors + 2 * l + 1])
+                           : project(u, weight);  // the last bias is add_layer_norm's
+      }
+      tensor_list ln = add_layer_norm_forward(u, a[0], w[per_block - 1], w[6], w[7]);
+      keep({ln[1], ln[2]});
+      if (full) {
+        rows_mem = ln[0].narrow(1, 0, slots);
+        rows_in = ln[0].narrow(1, slots, ln[0].size(1) - slots);
+      } else {
+        rows_mem = ln[0];
+      }
+    }
+    if (gated) {
+      const Tensor pre = project(recurrent, weights.back());
+      tensor_list g = gate_update_forward(pre, (*gate_x)[t], rows_mem, memory, gate, output_gate);
+      keep({recurrent, g[2], g[3], g[4], g[5]});
+      memory = g[0];
+      recurrent = g[1];  // h_t, or tanh(m_t) without the output gate
+      if (output_gate) hiddens.push_back(g[1]);
+    } else {
+      memory = rows_mem;
+    }
+    memories.push_back(memory);
+  }
+  tensor_list out{at::stack(memories)};
+  if (output_gate) out.push_back(at::stack(hiddens));
+  return out;
+}
+
+struct Sequence : public torch::autograd::Function<Sequence> {
+  static tensor_list forward(AutogradContext* ctx, const Tensor& memory0,
+                             const std::optional<Tensor>& hidden0, const Tensor& x,
+                             at::TensorList z_inputs, const std::optional<Tensor>& gate_x,
+                             at::TensorList weights, at::IntArrayRef hoisted, int64_t heads,
+                             int64_t key, int64_t value, int64_t gate, bool query_all,
+                             bool output_gate, int64_t layers) {
+    tensor_list saved;
+    tensor_list out = sequence_forward(memory0, hidden0, x, z_inputs, gate_x, weights, hoisted,
+                                       heads, key, value, gate, query_all, output_gate, layers,
+                                       &saved);
+    ctx->save_for_backward(saved);
+    ctx->saved_data["hoisted"] = hoisted.vec();
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    ctx->saved_data["slots"] = memory0.size(1);
+    ctx->saved_data["heads"] = heads;
+    ctx->saved_data["key"] = key;
+    ctx->saved_data["value"] = value;
+    ctx->saved_data["gate"] = gate;
+    ctx->saved_data["query_all"] = query_all;
+    ctx->saved_data["output_gate"] = output_gate;
+    ctx->saved_data["layers"] = layers;
+    ctx->saved_data["gated"] = gate_x.has_value() && gate_x->defined();
+    ctx->saved_data["weights"] = static_cast<int64_t>(weights.size());
+    return out;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const tensor_list v = ctx->get_saved_variables();
+    auto& data = ctx->saved_data;
+    const std::vector<int64_t> hoisted = data["hoisted"].toIntVector();
+    const std::vector<int64_t> x_sizes = data["x_sizes"].toIntVector();
+    const int64_t slots = data["slots"].toInt(), heads = data["heads"].toInt();
+    const int64_t key = data["key"].toInt(), value = data["value"].toInt();
+    const int64_t gate = data["gate"].toInt();
+    const bool query_all = data["query_all"].toBool(), output_gate = data["output_gate"].toBool();
+    const SequenceLayout layout{data["weights"].toInt(), static_cast<int64_t>(hoisted.size()),
+                                data["layers"].toInt(), data["gated"].toBool()};
+    const int64_t steps = x_sizes[0], batch = x_sizes[1], inputs = x_sizes[2];
+    const int64_t width = x_sizes[3], blocks = layout.blocks, layers = layout.layers;
+    const int64_t per_block = kBlockTensors + 2 * layers;
+    const auto options = v[0].options();
+    const Tensor dmemories = grads[0];
+    const Tensor dhiddens = output_gate ? grads[1] : Tensor();
+    tensor_list dw;  // one accumulator per weight
+    for (int64_t i = 0; i < layout.weights; ++i) dw.push_back(at::zeros_like(v[i]));
+    Tensor dx = at::zeros(x_sizes, options);
+    tensor_list dz(blocks);  // [T, B, n, Q] per hoisted block
+    Tensor dgate_x;          // [T, B, W]
+    Tensor d_memory, d_recurrent;  // into step t from step t + 1; undefined is zero
+    for (int64_t t = steps - 1; t >= 0; --t) {
+      const Tensor dm = plus(d_memory, dmemories.defined() ? dmemories[t] : Tensor());
+      Tensor d_rows, d_memory_prev, d_rec;
+      if (layout.gated) {
+        const int64_t o = layout.gates(t);
+        const Tensor& recurrent = v[o];
+        const Tensor dh = output_gate
+                              ? plus(dhiddens.defined() ? dhiddens[t] : Tensor(), d_recurrent)
+                              : d_recurrent;
+        tensor_list g = gate_update_backward(v[o + 1], v[o + 2], v[o + 3], v[o + 4], dm, dh,
+                                             gate, output_gate);
+        if (!dgate_x.defined()) dgate_x = at::empty({steps, batch, g[1].size(1)}, options);
+        dgate_x[t].copy_(g[1]);
+        add_weight_grad(dw[layout.weights - 1], g[0], recurrent);
+        d_rec = project_back(g[0], v[layout.weights - 1]);
+        d_rows = g[2];
+        d_memory_prev = g[3];
+      } else {
+        d_rows = dm.defined() ? dm : at::zeros({batch, slots, width}, options);
+      }
+      Tensor d_mem_rows = d_rows, d_in_rows;  // the gradients of the block's output rows
+      for (int64_t k = blocks - 1; k >= 0; --k) {
+        const int64_t o = layout.block(t, k), w = k * per_block;
+        const bool full = query_all && k < blocks - 1;
+        const Tensor &gemm_in = v[o], &z_in = v[o + 1];
+        Tensor d_out = d_mem_rows;
+        if (full) {
+          d_out = at::cat({d_mem_rows, d_in_rows.defined()
+                                           ? d_in_rows
+                                           : at::zeros({batch, inputs, width}, options)},
+                          1);
+        }
+        tensor_list ln = add_layer_norm_backward(d_out, v[w + 6], v[o + 8 + layers],
+                                                 v[o + 9 + layers]);
+        dw[w + per_block - 1].add_(ln[1]);
+        dw[w + 6].add_(ln[2]);
+        dw[w + 7].add_(ln[3]);
+        Tensor d_layer = ln[0], d_attended;
+        for (int64_t l = layers - 1; l >= 0; --l) {
+          const Tensor& u = v[o + 8 + l];
+          const int64_t wl = w + kBlockTensors + 2 * l;
+          add_weight_grad(dw[wl], d_layer, u);
+          if (l < layers - 1) dw[wl + 1].add_(d_layer.reshape({-1, width}).sum(0));
+          const Tensor d_u = project_back(d_layer, v[wl]);
+          if (l > 0) {
+            d_layer = at::threshold_backward(d_u, u, 0);  // u = relu(previous layer's output)
+          } else {
+            d_attended = ln[0] + d_u;  // the MLP's input is also LN_mlp's residual
+          }
+        }
+        tensor_list a = attend_block_backward(d_attended, z_in, v[w + 2], v[w + 4], v[o + 2],
+                                              v[o + 3], v[o + 4], v[o + 5], v[o + 6], v[o + 7],
+                                              heads, key, value);
+        for (int64_t i = 0; i < 5; ++i) dw[w + 1 + i].add_(a[3 + i]);  // b, γ, β, γ, β
+        add_weight_grad(dw[w], a[0], gemm_in);
+        const Tensor d_gemm_in = project_back(a[0], v[w]);
+        if (hoisted[k]) {
+          if (!dz[k].defined()) dz[k] = at::zeros({steps, batch, inputs, z_in.size(2)}, options);
+          dz[k][t].copy_(a[1]);
+        }
+        // The block read [memory rows; input rows] in its GEMM (no hoisted input rows) and as
+        // its residual (full), else the memory rows alone.
+        Tensor d_joined = hoisted[k] ? Tensor() : d_gemm_in;
+        if (full) d_joined = plus(d_joined, a[2]);
+        Tensor d_mem_in, d_in_in;
+        if (d_joined.defined()) {
+          d_mem_in = d_joined.narrow(1, 0, slots);
+          d_in_in = d_joined.narrow(1, slots, d_joined.size(1) - slots);
+        }
+        if (hoisted[k]) d_mem_in = plus(d_mem_in, d_gemm_in);
+        if (!full) d_mem_in = plus(d_mem_in, a[2]);
+        d_mem_rows = d_mem_in;
+        d_in_rows = d_in_in;
+      }
+      // Block 1 read m_{t-1} and x_t.
+      d_memory_prev = plus(d_memory_prev, d_mem_rows);
+      if (d_in_rows.defined()) dx[t].copy_(d_in_rows);
+      if (layout.gated) {
+        if (!output_gate && t == 0) {  // the recurrent input was tanh(m_0)
+          d_memory_prev = d_memory_prev + tanh_tensor_backward(v[layout.gates(0)], d_rec);
+        }
+        d_recurrent = d_rec;
+      }
+      d_memory = d_memory_prev;
+    }
+    // One gradient per input, in forward()'s order (the list inputs flattened).
+    tensor_list out{d_memory, output_gate ? d_recurrent : Tensor(), dx};
+    for (int64_t k = 0; k < blocks; ++k) {
+      if (hoisted[k]) out.push_back(dz[k]);
+    }
+    out.push_back(layout.gated ? dgate_x : Tensor());
+    out.insert(out.end(), dw.begin(), dw.end());
+    out.resize(out.size() + 8);  // hoisted, heads, key, value, gate, query_all, output_gate, layers
+    return out;
+  }
+};
+
+tensor_list sequence(const Tensor& memory, const std::optional<Tensor>& hidden, const Tensor& x,
+                     at::TensorList z_inputs, const std::optional<Tensor>& gate_x,
+                     at::TensorList weights, at::IntArrayRef hoisted, int64_t heads, int64_t key,
+                     int64_t value, int64_t gate, bool query_all, bool output_gate,
+                     int64_t layers) {
+  // Without a gradient to make, nothing is kept for a backward (inference holds one step's
+  // tensors at a time, not the sequence's).
+  const auto needs_grad = [](const Tensor& t) { return t.defined() && t.requires_grad(); };
+  bool grad = needs_grad(memory) || needs_grad(x) || (hidden && needs_grad(*hidden)) ||
+              (gate_x && needs_grad(*gate_x));
+  for (const Tensor& t : z_inputs) grad = grad || needs_grad(t);
+  for (const Tensor& t : weights) grad = grad || needs_grad(t);
+  if (!at::GradMode::is_enabled() || !grad) {
+    return sequence_forward(memory, hidden, x, z_inputs, gate_x, weights, hoisted, heads, key,
+                            value, gate, query_all, output_gate, layers, nullptr);
+  }
+  return Sequence::apply(memory, hidden, x, z_inputs, gate_x, weights, hoisted, heads, key, value,
+                         gate, query_all, output_gate, layers);
 }
 
 }  // namespace
@@ -768,6 +1109,10 @@ TORCH_LIBRARY(relmem_fused, m) {
   m.def(
       "gate_update(Tensor pre, Tensor gate_x, Tensor rows, Tensor memory, int gate, "
       "bool output_gate) -> Tensor[]");
+  m.def(
+      "sequence(Tensor memory, Tensor? hidden, Tensor x, Tensor[] z_inputs, Tensor? gate_x, "
+      "Tensor[] weights, int[] hoisted, int heads, int key, int value, int gate, bool query_all, "
+      "bool output_gate, int mlp_layers) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(relmem_fused, CompositeImplicitAutograd, m) {
@@ -775,4 +1120,5 @@ TORCH_LIBRARY_IMPL(relmem_fused, CompositeImplicitAutograd, m) {
   m.impl("add_layer_norm", &add_layer_norm);
   m.impl("tanh", &tanh_op);
   m.impl("gate_update", &gate_update);
+  m.impl("sequence", &sequence);
 }
