@@ -830,16 +830,26 @@ Tensor project_back(const Tensor& dy, const Tensor& weight) {
   return at::mm(dy.reshape({-1, dy.size(-1)}), weight).view(sizes);
 }
 
-// grad += dyᵀ·x over all rows: [out, in] from [..., out] and [..., in].
+// grad += dyᵀ·x over all rows: [out, in] from [..., out] and [..., in]; an undefined grad is
+// zero (the first use makes it, later ones add inside the GEMM).
 void add_weight_grad(Tensor& grad, const Tensor& dy, const Tensor& x) {
-  grad.addmm_(dy.reshape({-1, dy.size(-1)}).t(), x.reshape({-1, x.size(-1)}));
+  const Tensor dy_rows = dy.reshape({-1, dy.size(-1)}), x_rows = x.reshape({-1, x.size(-1)});
+  if (grad.defined()) {
+    grad.addmm_(dy_rows.t(), x_rows);
+  } else {
+    grad = at::mm(dy_rows.t(), x_rows);
+  }
 }
 
-// a + b, an undefined tensor being zero.
-Tensor plus(const Tensor& a, const Tensor& b) {
-  if (!a.defined()) return b;
-  if (!b.defined()) return a;
-  return a + b;
+// sum += b, an undefined tensor being zero. `sum` is a gradient this backward made (never the
+// incoming gradients or a saved tensor), so it is added to in place.
+void accumulate(Tensor& sum, const Tensor& b) {
+  if (!b.defined()) return;
+  if (sum.defined()) {
+    sum.add_(b);
+  } else {
+    sum = b;
+  }
 }
 
 // Where forward() put each saved tensor: the weights, then per step and block gemm_in, z_in,
@@ -869,6 +879,7 @@ tensor_list sequence_forward(const Tensor& memory0, const std::optional<Tensor>&
   const int64_t blocks = static_cast<int64_t>(hoisted.size());
   const bool gated = gate_x.has_value() && gate_x->defined();
   const int64_t per_block = kBlockTensors + 2 * layers;
+  TORCH_CHECK(steps >= 1, "relmem sequence: no time steps");
   TORCH_CHECK(layers >= 1 && blocks >= 1 &&
                   static_cast<int64_t>(weights.size()) == blocks * per_block + (gated ? 1 : 0),
               "relmem sequence: the weight list does not match the blocks and layers");
@@ -974,21 +985,23 @@ struct Sequence : public torch::autograd::Function<Sequence> {
     const auto options = v[0].options();
     const Tensor dmemories = grads[0];
     const Tensor dhiddens = output_gate ? grads[1] : Tensor();
-    tensor_list dw;  // one accumulator per weight
-    for (int64_t i = 0; i < layout.weights; ++i) dw.push_back(at::zeros_like(v[i]));
-    Tensor dx = at::zeros(x_sizes, options);
+    // Undefined is zero throughout: the gradients are made by their first use. Every step
+    // writes its slice of dx (when the first block reads x_t), dz and dgate_x.
+    tensor_list dw(layout.weights);
+    Tensor dx, dgate_x;      // [T, B, n, M], [T, B, W]
     tensor_list dz(blocks);  // [T, B, n, Q] per hoisted block
-    Tensor dgate_x;          // [T, B, W]
-    Tensor d_memory, d_recurrent;  // into step t from step t + 1; undefined is zero
+    Tensor d_memory, d_recurrent;  // into step t from step t + 1
     for (int64_t t = steps - 1; t >= 0; --t) {
-      const Tensor dm = plus(d_memory, dmemories.defined() ? dmemories[t] : Tensor());
+      Tensor dm = d_memory;
+      if (dmemories.defined()) dm = dm.defined() ? dm.add_(dmemories[t]) : dmemories[t];
       Tensor d_rows, d_memory_prev, d_rec;
       if (layout.gated) {
         const int64_t o = layout.gates(t);
         const Tensor& recurrent = v[o];
-        const Tensor dh = output_gate
-                              ? plus(dhiddens.defined() ? dhiddens[t] : Tensor(), d_recurrent)
-                              : d_recurrent;
+        Tensor dh = d_recurrent;
+        if (output_gate && dhiddens.defined()) {
+          dh = dh.defined() ? dh.add_(dhiddens[t]) : dhiddens[t];
+        }
         tensor_list g = gate_update_backward(v[o + 1], v[o + 2], v[o + 3], v[o + 4], dm, dh,
                                              gate, output_gate);
         if (!dgate_x.defined()) dgate_x = at::empty({steps, batch, g[1].size(1)}, options);
@@ -1014,52 +1027,55 @@ struct Sequence : public torch::autograd::Function<Sequence> {
         }
         tensor_list ln = add_layer_norm_backward(d_out, v[w + 6], v[o + 8 + layers],
                                                  v[o + 9 + layers]);
-        dw[w + per_block - 1].add_(ln[1]);
-        dw[w + 6].add_(ln[2]);
-        dw[w + 7].add_(ln[3]);
+        accumulate(dw[w + per_block - 1], ln[1]);
+        accumulate(dw[w + 6], ln[2]);
+        accumulate(dw[w + 7], ln[3]);
         Tensor d_layer = ln[0], d_attended;
         for (int64_t l = layers - 1; l >= 0; --l) {
           const Tensor& u = v[o + 8 + l];
           const int64_t wl = w + kBlockTensors + 2 * l;
           add_weight_grad(dw[wl], d_layer, u);
-          if (l < layers - 1) dw[wl + 1].add_(d_layer.reshape({-1, width}).sum(0));
-          const Tensor d_u = project_back(d_layer, v[wl]);
+          if (l < layers - 1) accumulate(dw[wl + 1], d_layer.reshape({-1, width}).sum(0));
+          Tensor d_u = project_back(d_layer, v[wl]);
           if (l > 0) {
             d_layer = at::threshold_backward(d_u, u, 0);  // u = relu(previous layer's output)
           } else {
-            d_attended = ln[0] + d_u;  // the MLP's input is also LN_mlp's residual
+            d_attended = d_u.add_(ln[0]);  // the MLP's input is also LN_mlp's residual
           }
         }
         tensor_list a = attend_block_backward(d_attended, z_in, v[w + 2], v[w + 4], v[o + 2],
                                               v[o + 3], v[o + 4], v[o + 5], v[o + 6], v[o + 7],
                                               heads, key, value);
-        for (int64_t i = 0; i < 5; ++i) dw[w + 1 + i].add_(a[3 + i]);  // b, γ, β, γ, β
+        for (int64_t i = 0; i < 5; ++i) accumulate(dw[w + 1 + i], a[3 + i]);  // b, γ, β, γ, β
         add_weight_grad(dw[w], a[0], gemm_in);
         const Tensor d_gemm_in = project_back(a[0], v[w]);
         if (hoisted[k]) {
-          if (!dz[k].defined()) dz[k] = at::zeros({steps, batch, inputs, z_in.size(2)}, options);
+          if (!dz[k].defined()) dz[k] = at::empty({steps, batch, inputs, z_in.size(2)}, options);
           dz[k][t].copy_(a[1]);
         }
         // The block read [memory rows; input rows] in its GEMM (no hoisted input rows) and as
         // its residual (full), else the memory rows alone.
         Tensor d_joined = hoisted[k] ? Tensor() : d_gemm_in;
-        if (full) d_joined = plus(d_joined, a[2]);
+        if (full) accumulate(d_joined, a[2]);
         Tensor d_mem_in, d_in_in;
         if (d_joined.defined()) {
           d_mem_in = d_joined.narrow(1, 0, slots);
           d_in_in = d_joined.narrow(1, slots, d_joined.size(1) - slots);
         }
-        if (hoisted[k]) d_mem_in = plus(d_mem_in, d_gemm_in);
-        if (!full) d_mem_in = plus(d_mem_in, a[2]);
+        if (hoisted[k]) accumulate(d_mem_in, d_gemm_in);
+        if (!full) accumulate(d_mem_in, a[2]);
         d_mem_rows = d_mem_in;
         d_in_rows = d_in_in;
       }
       // Block 1 read m_{t-1} and x_t.
-      d_memory_prev = plus(d_memory_prev, d_mem_rows);
-      if (d_in_rows.defined()) dx[t].copy_(d_in_rows);
+      accumulate(d_memory_prev, d_mem_rows);
+      if (d_in_rows.defined()) {
+        if (!dx.defined()) dx = at::empty(x_sizes, options);
+        dx[t].copy_(d_in_rows);
+      }
       if (layout.gated) {
         if (!output_gate && t == 0) {  // the recurrent input was tanh(m_0)
-          d_memory_prev = d_memory_prev + tanh_tensor_backward(v[layout.gates(0)], d_rec);
+          accumulate(d_memory_prev, tanh_tensor_backward(v[layout.gates(0)], d_rec));
         }
         d_recurrent = d_rec;
       }
