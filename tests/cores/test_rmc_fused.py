@@ -146,6 +146,16 @@ def test_fused_sequence_keeps_tensors_only_for_a_backward(grad: bool) -> None:
         assert len(saved) > 6 * 10
 
 
+def test_fused_refuses_a_second_derivative() -> None:
+    """The hand-written backward passes are not differentiable: create_graph=True is refused
+    with the way out, for the sequence operator and the step operators alike."""
+    core = RelationalMemory(5, 3, 4, num_heads=2, implementation="fused")
+    inputs = torch.randn(3, 2, 5, requires_grad=True)
+    for output in (core(inputs)[0], core.cell(inputs[0])[0]):
+        with pytest.raises(RuntimeError, match="no second derivative.*implementation='fast'"):
+            torch.autograd.grad(output.sum(), inputs, create_graph=True)
+
+
 def test_fused_refuses_other_devices() -> None:
     core = RelationalMemory(5, 3, 4, implementation="fused", device="meta")
     with pytest.raises(ValueError, match="CPU only.*implementation='fast'"):

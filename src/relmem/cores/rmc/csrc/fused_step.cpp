@@ -38,6 +38,14 @@ using torch::autograd::tensor_list;
 
 constexpr double kEps = 1e-5;
 
+// The backward passes are written by hand and are not differentiable themselves: a second
+// derivative through them would silently be wrong, so it is refused.
+void refuse_double_backward() {
+  TORCH_CHECK(!at::GradMode::is_enabled(),
+              "implementation='fused' has no second derivative (backward with "
+              "create_graph=True); use implementation='fast' for it");
+}
+
 void check_cpu(const Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), "relmem fused step: ", name, " must be on the CPU, got ",
               t.device());
@@ -468,6 +476,7 @@ struct AttendBlock : public torch::autograd::Function<AttendBlock> {
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    refuse_double_backward();
     const auto v = ctx->get_saved_variables();
     tensor_list d = attend_block_backward(
         grads[0], v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8],
@@ -559,6 +568,7 @@ struct AddLayerNorm : public torch::autograd::Function<AddLayerNorm> {
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    refuse_double_backward();
     const auto v = ctx->get_saved_variables();
     tensor_list d = add_layer_norm_backward(grads[0], v[0], v[1], v[2]);
     return {d[0], d[0], d[1], d[2], d[3]};
@@ -613,6 +623,7 @@ struct Tanh : public torch::autograd::Function<Tanh> {
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    refuse_double_backward();
     return {tanh_tensor_backward(ctx->get_saved_variables()[0], grads[0])};
   }
 };
@@ -781,6 +792,7 @@ struct GateUpdate : public torch::autograd::Function<GateUpdate> {
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    refuse_double_backward();
     const auto v = ctx->get_saved_variables();
     tensor_list d = gate_update_backward(v[0], v[1], v[2], v[3], grads[0], grads[1],
                                          ctx->saved_data["gate"].toInt(),
@@ -969,6 +981,7 @@ struct Sequence : public torch::autograd::Function<Sequence> {
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    refuse_double_backward();
     const tensor_list v = ctx->get_saved_variables();
     auto& data = ctx->saved_data;
     const std::vector<int64_t> hoisted = data["hoisted"].toIntVector();
