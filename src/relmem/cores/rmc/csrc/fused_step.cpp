@@ -280,7 +280,9 @@ AttendSizes attend_sizes(const Tensor& y, const Tensor& z_in, const Tensor& resi
   return s;
 }
 
-// Forward. Saves: zy (LN_qkv(y)), xhat_y, rstd_y, probs [B, H, Rq, R], xhat_o, rstd_o.
+// Forward. Returns out and, for the backward, xhat_y, rstd_y, probs [B, H, Rq, R], xhat_o,
+// rstd_o. LN_qkv(y) itself is not kept: the backward makes it again from xhat_y (γ·xhat + β),
+// which it reads anyway, instead of reading a third [B, R, Q] tensor from memory.
 tensor_list attend_block_forward(const Tensor& y_, const Tensor& z_in_, const Tensor& residual_,
                                  const Tensor& qkv_bias_, const Tensor& qkv_gamma_,
                                  const Tensor& qkv_beta_,
@@ -294,7 +296,7 @@ tensor_list attend_block_forward(const Tensor& y_, const Tensor& z_in_, const Te
   const int64_t Q = s.qkv(), M = s.mem(), R = s.rows();
   TORCH_CHECK(qkv_bias.numel() == Q, "relmem attend_block: qkv_bias needs H·(2K+D) = ", Q,
               " entries");
-  Tensor zy = at::empty_like(y), xhat_y = at::empty_like(y);
+  Tensor xhat_y = at::empty_like(y);
   Tensor rstd_y = at::empty({s.batch, s.rows_y}, y.options());
   Tensor probs = at::empty({s.batch, heads, s.rows_q, R}, y.options());
   Tensor out = at::empty({s.batch, s.rows_q, M}, y.options());
@@ -307,7 +309,6 @@ tensor_list attend_block_forward(const Tensor& y_, const Tensor& z_in_, const Te
     const scalar_t* bias = qkv_bias.data_ptr<scalar_t>();
     const scalar_t *g1 = qkv_gamma.data_ptr<scalar_t>(), *b1 = qkv_beta.data_ptr<scalar_t>();
     const scalar_t *g2 = out_gamma.data_ptr<scalar_t>(), *b2 = out_beta.data_ptr<scalar_t>();
-    scalar_t* pzy = zy.data_ptr<scalar_t>();
     scalar_t* pxy = xhat_y.data_ptr<scalar_t>();
     scalar_t* pry = rstd_y.data_ptr<scalar_t>();
     scalar_t* pp = probs.data_ptr<scalar_t>();
@@ -316,17 +317,17 @@ tensor_list attend_block_forward(const Tensor& y_, const Tensor& z_in_, const Te
     scalar_t* pro = rstd_o.data_ptr<scalar_t>();
     const scalar_t scale = scalar_t(1) / std::sqrt(scalar_t(key));
     at::parallel_for(0, s.batch, 1, [&](int64_t begin, int64_t end) {
-      std::vector<scalar_t> sum(std::max(M, Q)), scores(heads * R);
+      std::vector<scalar_t> sum(std::max(M, Q)), scores(heads * R), zy(s.rows_y * Q);
       std::vector<const scalar_t*> rows(R), values(R);
       for (int64_t b = begin; b < end; ++b) {
         for (int64_t r = 0; r < s.rows_y; ++r) {
           const int64_t o = (b * s.rows_y + r) * Q;
           add_rows(sum.data(), py + o, bias, Q);
-          layer_norm_rows(sum.data(), g1, b1, pxy + o, pry + b * s.rows_y + r, pzy + o, Q);
+          layer_norm_rows(sum.data(), g1, b1, pxy + o, pry + b * s.rows_y + r, zy.data() + r * Q,
+                          Q);
         }
         for (int64_t j = 0; j < R; ++j) {
-          rows[j] = j < s.rows_y ? pzy + (b * s.rows_y + j) * Q
-                                 : pz + (b * s.rows_z + j - s.rows_y) * Q;
+          rows[j] = j < s.rows_y ? zy.data() + j * Q : pz + (b * s.rows_z + j - s.rows_y) * Q;
         }
         for (int64_t i = 0; i < s.rows_q; ++i) {
           // Query i's scores against every row, for all heads ([H, R]), each head's shifted
@@ -361,21 +362,22 @@ tensor_list attend_block_forward(const Tensor& y_, const Tensor& z_in_, const Te
       }
     });
   });
-  return {out, zy, xhat_y, rstd_y, probs, xhat_o, rstd_o};
+  return {out, xhat_y, rstd_y, probs, xhat_o, rstd_o};
 }
 
 // Backward: returns dy, dz_in, dresidual, dγ_qkv, dβ_qkv, dγ_out, dβ_out.
 tensor_list attend_block_backward(const Tensor& dout_, const Tensor& z_in_,
-                                  const Tensor& qkv_gamma_, const Tensor& out_gamma_,
-                                  const Tensor& zy, const Tensor& xhat_y, const Tensor& rstd_y,
-                                  const Tensor& probs, const Tensor& xhat_o,
+                                  const Tensor& qkv_gamma_, const Tensor& qkv_beta_,
+                                  const Tensor& out_gamma_, const Tensor& xhat_y,
+                                  const Tensor& rstd_y, const Tensor& probs, const Tensor& xhat_o,
                                   const Tensor& rstd_o, int64_t heads, int64_t key,
                                   int64_t value) {
   const Tensor dout = dout_.contiguous(), z_in = z_in_.contiguous();
-  const Tensor qkv_gamma = qkv_gamma_.contiguous(), out_gamma = out_gamma_.contiguous();
-  AttendSizes s{zy.size(0), zy.size(1), z_in.size(1), dout.size(1), heads, key, value};
+  const Tensor qkv_gamma = qkv_gamma_.contiguous(), qkv_beta = qkv_beta_.contiguous();
+  const Tensor out_gamma = out_gamma_.contiguous();
+  AttendSizes s{xhat_y.size(0), xhat_y.size(1), z_in.size(1), dout.size(1), heads, key, value};
   const int64_t Q = s.qkv(), M = s.mem(), R = s.rows();
-  Tensor dy = at::empty_like(zy);
+  Tensor dy = at::empty_like(xhat_y);
   Tensor dz_in = at::empty_like(z_in);
   Tensor dres = at::empty_like(dout);
   // The gradients of the bias and the LayerNorms' parameters, one row per chunk of the batch
@@ -383,24 +385,24 @@ tensor_list attend_block_backward(const Tensor& dout_, const Tensor& z_in_,
   // dγ_out M | dβ_out M].
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(s.batch, at::get_num_threads()));
   const int64_t per_chunk = (s.batch + chunks - 1) / chunks, width = 3 * Q + 2 * M;
-  Tensor params = at::zeros({chunks, width}, zy.options());
-  AT_DISPATCH_FLOATING_TYPES(zy.scalar_type(), "relmem_attend_block_backward", [&] {
+  Tensor params = at::zeros({chunks, width}, xhat_y.options());
+  AT_DISPATCH_FLOATING_TYPES(xhat_y.scalar_type(), "relmem_attend_block_backward", [&] {
     const scalar_t* pd = dout.data_ptr<scalar_t>();
     const scalar_t* pz = z_in.data_ptr<scalar_t>();
-    const scalar_t* pzy = zy.data_ptr<scalar_t>();
     const scalar_t* pxy = xhat_y.data_ptr<scalar_t>();
     const scalar_t* pry = rstd_y.data_ptr<scalar_t>();
     const scalar_t* pp = probs.data_ptr<scalar_t>();
     const scalar_t* pxo = xhat_o.data_ptr<scalar_t>();
     const scalar_t* pro = rstd_o.data_ptr<scalar_t>();
-    const scalar_t *g1 = qkv_gamma.data_ptr<scalar_t>(), *g2 = out_gamma.data_ptr<scalar_t>();
+    const scalar_t *g1 = qkv_gamma.data_ptr<scalar_t>(), *b1 = qkv_beta.data_ptr<scalar_t>();
+    const scalar_t* g2 = out_gamma.data_ptr<scalar_t>();
     scalar_t* pdy = dy.data_ptr<scalar_t>();
     scalar_t* pdz = dz_in.data_ptr<scalar_t>();
     scalar_t* pdr = dres.data_ptr<scalar_t>();
     scalar_t* pparams = params.data_ptr<scalar_t>();
     const scalar_t scale = scalar_t(1) / std::sqrt(scalar_t(key));
     at::parallel_for(0, chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
-      std::vector<scalar_t> dz(R * Q), dp(R), ds(R);
+      std::vector<scalar_t> dz(R * Q), dp(R), ds(R), zy(s.rows_y * Q);
       std::vector<const scalar_t*> rows(R), keys(R);
       for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
       scalar_t* dbias = pparams + chunk * width;
@@ -409,8 +411,12 @@ tensor_list attend_block_backward(const Tensor& dout_, const Tensor& z_in_,
       for (int64_t b = chunk * per_chunk; b < std::min(s.batch, (chunk + 1) * per_chunk); ++b) {
         std::fill(dz.begin(), dz.end(), scalar_t(0));
         for (int64_t j = 0; j < R; ++j) {
-          rows[j] = j < s.rows_y ? pzy + (b * s.rows_y + j) * Q
-                                 : pz + (b * s.rows_z + j - s.rows_y) * Q;
+          rows[j] = j < s.rows_y ? zy.data() + j * Q : pz + (b * s.rows_z + j - s.rows_y) * Q;
+        }
+        for (int64_t r = 0; r < s.rows_y; ++r) {  // LN_qkv(y) again: γ·xhat + β
+          const scalar_t* xh = pxy + (b * s.rows_y + r) * Q;
+          scalar_t* z = zy.data() + r * Q;
+          for (int64_t c = 0; c < Q; ++c) z[c] = xh[c] * g1[c] + b1[c];
         }
         for (int64_t i = 0; i < s.rows_q; ++i) {
           const int64_t o = (b * s.rows_q + i) * M;
@@ -468,7 +474,7 @@ struct AttendBlock : public torch::autograd::Function<AttendBlock> {
                         int64_t heads, int64_t key, int64_t value) {
     tensor_list r = attend_block_forward(y, z_in, residual, qkv_bias, qkv_gamma, qkv_beta,
                                          out_gamma, out_beta, heads, key, value);
-    ctx->save_for_backward({z_in, qkv_gamma, out_gamma, r[1], r[2], r[3], r[4], r[5], r[6]});
+    ctx->save_for_backward({z_in, qkv_gamma, qkv_beta, out_gamma, r[1], r[2], r[3], r[4], r[5]});
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["key"] = key;
     ctx->saved_data["value"] = value;
@@ -865,12 +871,12 @@ void accumulate(Tensor& sum, const Tensor& b) {
 }
 
 // Where forward() put each saved tensor: the weights, then per step and block gemm_in, z_in,
-// attend_block's six, the MLP layers' inputs, LN_mlp's xhat and 1/σ; then per step, when
+// attend_block's five, the MLP layers' inputs, LN_mlp's xhat and 1/σ; then per step, when
 // gated, the recurrent input, gates, tanh(rows), m_{t-1} and tanh(m_t).
 struct SequenceLayout {
   int64_t weights, blocks, layers;
   bool gated;
-  int64_t block_stride() const { return 10 + layers; }
+  int64_t block_stride() const { return 9 + layers; }
   int64_t step_stride() const { return blocks * block_stride() + (gated ? 5 : 0); }
   int64_t block(int64_t t, int64_t k) const {
     return weights + t * step_stride() + k * block_stride();
@@ -918,7 +924,7 @@ tensor_list sequence_forward(const Tensor& memory0, const std::optional<Tensor>&
       const Tensor z_in = z.defined() ? z : y.new_empty({y.size(0), 0, y.size(2)});
       tensor_list a = attend_block_forward(y, z_in, full ? joined : rows_mem, w[1], w[2], w[3],
                                            w[4], w[5], heads, key, value);
-      keep({gemm_in, z_in, a[1], a[2], a[3], a[4], a[5], a[6]});
+      keep({gemm_in, z_in, a[1], a[2], a[3], a[4], a[5]});
       Tensor u = a[0];
       for (int64_t l = 0; l < layers; ++l) {
         if (l > 0) u = at::relu(u);
@@ -1038,14 +1044,14 @@ struct Sequence : public torch::autograd::Function<Sequence> {
                                            : at::zeros({batch, inputs, width}, options)},
                           1);
         }
-        tensor_list ln = add_layer_norm_backward(d_out, v[w + 6], v[o + 8 + layers],
-                                                 v[o + 9 + layers]);
+        tensor_list ln = add_layer_norm_backward(d_out, v[w + 6], v[o + 7 + layers],
+                                                 v[o + 8 + layers]);
         accumulate(dw[w + per_block - 1], ln[1]);
         accumulate(dw[w + 6], ln[2]);
         accumulate(dw[w + 7], ln[3]);
         Tensor d_layer = ln[0], d_attended;
         for (int64_t l = layers - 1; l >= 0; --l) {
-          const Tensor& u = v[o + 8 + l];
+          const Tensor& u = v[o + 7 + l];
           const int64_t wl = w + kBlockTensors + 2 * l;
           add_weight_grad(dw[wl], d_layer, u);
           if (l < layers - 1) accumulate(dw[wl + 1], d_layer.reshape({-1, width}).sum(0));
@@ -1056,8 +1062,8 @@ struct Sequence : public torch::autograd::Function<Sequence> {
             d_attended = d_u.add_(ln[0]);  // the MLP's input is also LN_mlp's residual
           }
         }
-        tensor_list a = attend_block_backward(d_attended, z_in, v[w + 2], v[w + 4], v[o + 2],
-                                              v[o + 3], v[o + 4], v[o + 5], v[o + 6], v[o + 7],
+        tensor_list a = attend_block_backward(d_attended, z_in, v[w + 2], v[w + 3], v[w + 4],
+                                              v[o + 2], v[o + 3], v[o + 4], v[o + 5], v[o + 6],
                                               heads, key, value);
         for (int64_t i = 0; i < 5; ++i) accumulate(dw[w + 1 + i], a[3 + i]);  // b, γ, β, γ, β
         add_weight_grad(dw[w], a[0], gemm_in);
