@@ -6,8 +6,8 @@ and in one process:
 - ``reference``: :class:`RelationalMemory` with ``implementation='reference'`` (the plain
   time loop, the test oracle);
 - ``fast``: ``implementation='fast'`` (eager; ``docs/rmc.md`` §10 equivalences);
-- on the CPU ``fused``: ``implementation='fused'`` (the fast path's step with its small ops in
-  C++ operators, :mod:`relmem.cores.rmc.fused`; compiled on first use);
+- on the CPU ``fused``: ``implementation='fused'`` (the fast path in C++: the sequence as one
+  operator with its own backward, :mod:`relmem.cores.rmc.fused`; compiled on first use);
 - on CUDA also ``fast+graph`` (the whole sequence, forward and backward, in CUDA graphs),
   ``fast+graph+bf16`` (bf16 matmuls; LN, softmax and state in fp32) and with ``--compile``
   ``fast+compile`` (``torch.compile`` of the step; CPU too);

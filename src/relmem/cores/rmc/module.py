@@ -433,9 +433,10 @@ class RelationalMemory(nn.Module):
         implementation: 'reference' (the plain time loop over ``cell.step``, the test oracle),
             'fast' (:func:`relmem.cores.rmc.fast.fast_sequence`: input-only work hoisted out of
             the loop and the step rewritten with the exact equivalences of ``docs/rmc.md`` §10;
-            every option is supported), 'fused' (the same with the step's small ops joined in
-            C++ operators with their own backward: CPU only, compiled on first use, every
-            option; :mod:`relmem.cores.rmc.fused`) or 'auto' (default; currently always 'fast',
+            every option is supported), 'fused' (the same in C++: each hoisting chunk of steps
+            as one operator with its own backward, GEMMs included; CPU only, compiled on first
+            use, every option; :mod:`relmem.cores.rmc.fused`) or 'auto' (default; currently
+            always 'fast',
             which matches the reference to float rounding). bf16, ``torch.compile`` and CUDA graphs
             are opt-in through :class:`FastRelationalMemory`.
         device, dtype: factory arguments for every parameter.
