@@ -10,7 +10,8 @@ and each core it times, side by side in one process:
 - ``loss_ms``: ``agent.policy`` and the value head in recurrent mode on ``[B, T]`` entries,
   then the backward of a weighted sum of the logits and values (what a PPO / V-trace update
   runs per minibatch), for each ``recurrent_impl`` (``'steps'``, the reference loop, and
-  ``'segments'``) and, for the RMC, each core implementation (``'fast'``, ``'fused'``, ``'reference'``).
+  ``'segments'``) and, for the RMC, each core implementation (``'fast'``, ``'fused'``,
+  ``'reference'``).
 
 Episodes are packed along T as in collected data: ``is_init`` starts each row at t = 0 and is
 set at each later step with probability ``1 / episode_length`` (fixed seed); the number of

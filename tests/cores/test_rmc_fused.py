@@ -32,7 +32,9 @@ def _double(*shape: int, generator: torch.Generator) -> torch.Tensor:
     [(3, 1, 3, 3, 4), (3, 2, 5, 3, 4), (4, 0, 4, 3, 4), (4, 0, 2, 3, 4), (3, 1, 3, 9, 17)],
     ids=["memory-queries", "all-queries", "no-hoisted-rows", "fewer-queries", "vector-widths"],
 )
-def test_attend_block_gradients(rows_y: int, rows_z: int, rows_q: int, key: int, value: int) -> None:
+def test_attend_block_gradients(
+    rows_y: int, rows_z: int, rows_q: int, key: int, value: int
+) -> None:
     """Narrow heads run the operator's scalar tails; K = 9 and D = 17 run its vector loops (8
     doubles a vector) and their tails."""
     g = torch.Generator().manual_seed(0)
