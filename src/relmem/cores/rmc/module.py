@@ -436,9 +436,8 @@ class RelationalMemory(nn.Module):
             every option is supported), 'fused' (the same in C++: each hoisting chunk of steps
             as one operator with its own backward, GEMMs included; CPU only, compiled on first
             use, every option; :mod:`relmem.cores.rmc.fused`) or 'auto' (default; currently
-            always 'fast',
-            which matches the reference to float rounding). bf16, ``torch.compile`` and CUDA graphs
-            are opt-in through :class:`FastRelationalMemory`.
+            always 'fast', which matches the reference to float rounding). bf16,
+            ``torch.compile`` and CUDA graphs are opt-in through :class:`FastRelationalMemory`.
         device, dtype: factory arguments for every parameter.
 
     Shapes:
@@ -570,7 +569,7 @@ class RelationalMemory(nn.Module):
         if self.implementation != "reference":
             sequence_fn = None
             if self.implementation == "fused":
-                prepare_fused(rows.device)
+                prepare_fused(rows.device)  # the device check and the build; the step is the cell's
                 sequence_fn = fused_sequence
             weights = cell.fast_weights()
             outputs, final_state = fast_sequence(
