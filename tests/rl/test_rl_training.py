@@ -4,6 +4,7 @@ metrics and bad arguments, on a small stand-in game (``rl_standins``)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -83,6 +84,24 @@ def test_ppo_return_rises(reach_task, tmp_path: Path) -> None:
         assert key in train[-1]
     assert result.summary["frames_seen"] == 30 * 16 * 10
     assert result.summary["held_out_solved"] == evals[-1]
+    # the policy sharpens as it learns; its updates stay within PPO's trust region
+    entropies = [r["train/entropy"] for r in train]
+    assert math.log(Reach.num_actions) >= entropies[0] > entropies[-1] > 0, entropies
+    for r in train:
+        assert 0 <= r["train/clip_fraction"] <= 1 and abs(r["train/kl_approx"]) < 0.5, r
+
+
+def test_updates_report_the_gradient_norm_before_clipping(reach_task, tmp_path: Path) -> None:
+    """``train/grad_norm`` is the norm the optimiser was given before ``optim.grad_clip``
+    scaled it down; V-trace reports no PPO statistics."""
+    clipped = OptimConfig(lr=1e-2, grad_clip=1e-6)
+    config = reach_config(tmp_path, steps=2, log_every=1, eval_every=2, optim=clipped)
+    config.task = replace(config.task, algorithm="impala", collectors=1)
+    train = [r for r in records(run(config, "reach").run_dir) if "train/loss" in r]
+    assert len(train) == 2
+    for r in train:
+        assert r["train/grad_norm"] > 1e-3 and r["train/entropy"] > 0, r
+        assert "train/kl_approx" not in r and "train/clip_fraction" not in r
 
 
 def test_resume_is_exact(reach_task, tmp_path: Path) -> None:

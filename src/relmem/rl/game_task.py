@@ -42,13 +42,19 @@ from torchrl.envs import EnvBase, RewardSum, StepCounter, TransformedEnv
 
 from relmem.rl import keys
 from relmem.rl.config import LearnerConfig
+from relmem.rl.learners import LOSS_TERMS, STATISTICS
 from relmem.tasks.base import Measure, MetricSpec, derive_seed
 
 SOLVED = MetricSpec("solved", True, "levels solved", "solved", percent=True)
 RETURN = MetricSpec("return", True, "episode return", "ret")
 LENGTH = MetricSpec("length", False, "episode length", "len")
-LOSS_TERMS = ("loss_objective", "loss_critic", "loss_entropy")
-LOSSES = tuple(MetricSpec(name, False, name.replace("_", " "), name) for name in LOSS_TERMS)
+
+
+def update_metrics(algorithm: str) -> tuple[MetricSpec, ...]:
+    """The loss terms and statistics ``algorithm``'s update reports (``train/...`` only)."""
+    names = (*LOSS_TERMS, *STATISTICS[algorithm])
+    return tuple(MetricSpec(name, False, name.replace("_", " "), name) for name in names)
+
 
 EPISODE_RETURN = "episode_reward"  # RewardSum's key
 EPISODE_LENGTH = "step_count"  # StepCounter's key
@@ -163,7 +169,9 @@ class GameTask:
         self.make_env, self.build_agent, self.play = make_env, build_agent, evaluate
         self.options = config.game_options()
         self.metric = SOLVED if solvable else RETURN
-        self.extra_metrics = (RETURN, LENGTH, *LOSSES) if solvable else (LENGTH, *LOSSES)
+        self.update_metrics = update_metrics(config.algorithm)
+        episodes = (RETURN, LENGTH) if solvable else (LENGTH,)
+        self.extra_metrics = (*episodes, *self.update_metrics)
         probe = make_env(game, 1, 0, **self.options)  # the game checks its options here
         self.observation_shape = tuple(probe.observation_spec[keys.OBSERVATION].shape[-3:])
         self.num_actions = int(probe.action_spec.space.n)

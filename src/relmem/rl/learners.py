@@ -22,8 +22,12 @@ before the loss, so that the critic can only read the fresh ones. ``A2CLoss`` ru
 a copy of its input, so V-trace's critic is the whole value network.
 
 Each update calls ``apply(loss)`` (the trainer's :meth:`~relmem.train.trainer.Trainer.
-apply_gradients`, which also refuses a non-finite loss) once per optimiser step and returns
-the mean of each loss term over its optimiser steps.
+apply_gradients`, which also refuses a non-finite loss and returns the gradients' norm before
+clipping) once per optimiser step and returns the mean over its optimiser steps of each loss
+term (:data:`LOSS_TERMS`) and of the update's statistics (:data:`STATISTICS`): the policy's
+entropy, the gradient norm and, for PPO, TorchRL's estimate of the KL divergence between the
+collecting and the updated policy and the share of clipped ratios. A policy that collapses
+shows there first: its entropy falls, its KL and clip fraction jump.
 """
 
 from __future__ import annotations
@@ -41,8 +45,15 @@ from relmem.rl import keys
 from relmem.rl.agent import INTERMEDIATE_KEYS
 from relmem.rl.config import LearnerConfig
 
-Apply = Callable[[Tensor], None]
+Apply = Callable[[Tensor], Tensor]  # one optimiser step on a loss; the gradient norm
 LOSS_TERMS = ("loss_objective", "loss_critic", "loss_entropy")
+GRAD_NORM = "grad_norm"
+# what each algorithm's update reports beside its loss terms: its loss module's outputs and
+# GRAD_NORM, the gradients' global L2 norm before clipping
+STATISTICS = {
+    "ppo": ("entropy", "kl_approx", "clip_fraction", GRAD_NORM),
+    "impala": ("entropy", GRAD_NORM),
+}
 
 
 def write_values(agent: nn.Module, batch: TensorDictBase) -> None:
@@ -82,6 +93,30 @@ def total_loss(terms: TensorDictBase) -> Tensor:
     return sum(terms[name] for name in LOSS_TERMS)
 
 
+class Means:
+    """Running sums of an update's loss terms and statistics over its optimiser steps.
+
+    Args:
+        algorithm: 'ppo' or 'impala', the key of :data:`STATISTICS`.
+    """
+
+    def __init__(self, algorithm: str) -> None:
+        self.names = (*LOSS_TERMS, *STATISTICS[algorithm])
+        self.sums = dict.fromkeys(self.names, 0.0)
+        self.count = 0
+
+    def add(self, terms: TensorDictBase, grad_norm: Tensor) -> None:
+        """One optimiser step's loss module outputs and gradient norm."""
+        for name in self.names:
+            value = grad_norm if name == GRAD_NORM else terms[name]
+            self.sums[name] += float(value.detach())
+        self.count += 1
+
+    def means(self) -> dict[str, float]:
+        """Each name's mean over the steps added."""
+        return {name: total / self.count for name, total in self.sums.items()}
+
+
 class PPOUpdate:
     """Clipped PPO on whole rollouts.
 
@@ -105,10 +140,9 @@ class PPOUpdate:
         self.advantage = GAE(gamma=config.gamma, lmbda=config.lmbda, value_network=None)
 
     def __call__(self, batch: TensorDictBase, apply: Apply) -> dict[str, float]:
-        """Update on ``batch [B, T]``; the mean loss terms."""
+        """Update on ``batch [B, T]``; the mean loss terms and statistics."""
         c = self.config
-        sums = dict.fromkeys(LOSS_TERMS, 0.0)
-        updates = 0
+        means = Means("ppo")
         with set_recurrent_mode(True):
             with torch.no_grad():
                 write_values(self.agent, batch)
@@ -117,11 +151,8 @@ class PPOUpdate:
             for _ in range(c.epochs):
                 for part in fresh.chunk(c.minibatches, dim=0):
                     terms = self.loss(part)
-                    apply(total_loss(terms))
-                    for name in LOSS_TERMS:
-                        sums[name] += float(terms[name].detach())
-                    updates += 1
-        return {name: value / updates for name, value in sums.items()}
+                    means.add(terms, apply(total_loss(terms)))
+        return means.means()
 
 
 class VTraceUpdate:
@@ -152,14 +183,15 @@ class VTraceUpdate:
         )
 
     def __call__(self, batch: TensorDictBase, apply: Apply) -> dict[str, float]:
-        """One update on ``batch [B, T]``; its loss terms."""
+        """One update on ``batch [B, T]``; its loss terms and statistics."""
+        means = Means("impala")
         with set_recurrent_mode(True):
             with torch.no_grad():
                 write_values(self.agent, batch)
                 self.advantage(batch)
             terms = self.loss(batch)
-            apply(total_loss(terms))
-        return {name: float(terms[name].detach()) for name in LOSS_TERMS}
+            means.add(terms, apply(total_loss(terms)))
+        return means.means()
 
 
 def make_update(agent: nn.Module, config: LearnerConfig) -> PPOUpdate | VTraceUpdate:

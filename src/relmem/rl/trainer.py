@@ -10,9 +10,11 @@ state_dict>`), exact resumes and ``summary.json``.
 
 Metrics (``train/...`` over the steps since the last log line, as sums and counts): ``solved``
 (BoxWorld), ``return`` and ``length`` of the episodes that ended, the loss and its terms
-(``loss_objective``, ``loss_critic``, ``loss_entropy``), ``perf/frames_per_s``; at the
-evaluation cadence ``eval/solved``, ``eval/return``, ``eval/return_se``, ``eval/length`` on the
-task's fixed validation levels, whose best weights are kept as ``checkpoints/best``.
+(``loss_objective``, ``loss_critic``, ``loss_entropy``), the update's statistics (``entropy``,
+``grad_norm``, PPO's ``kl_approx`` and ``clip_fraction``: :data:`relmem.rl.learners.STATISTICS`),
+``perf/frames_per_s``; at the evaluation cadence ``eval/solved``, ``eval/return``,
+``eval/return_se``, ``eval/length`` on the task's fixed validation levels, whose best weights
+are kept as ``checkpoints/best``.
 """
 
 from __future__ import annotations
@@ -22,8 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from relmem.rl.game_task import LOSSES
-from relmem.rl.learners import make_update
+from relmem.rl.learners import LOSS_TERMS, make_update
 from relmem.rl.runs import agent_of
 from relmem.tasks.base import Measure
 from relmem.train.config import TrainConfig
@@ -71,10 +72,10 @@ class RLTrainer(Trainer):
         self.update = make_update(agent, self.task.config)
         return agent
 
-    def _apply(self, loss: Tensor) -> None:
+    def _apply(self, loss: Tensor) -> Tensor:
         if not torch.isfinite(loss.detach()):
             raise TrainingDiverged(f"the loss is {loss.item()} at step {self.progress.step + 1}")
-        self.apply_gradients(loss)
+        return self.apply_gradients(loss)
 
     def step(self, signum: int, time_up: bool) -> StepOutcome:
         """Collect one batch and update on it.
@@ -88,7 +89,7 @@ class RLTrainer(Trainer):
         self.scheduler.step()
         one = torch.ones(1, dtype=torch.float64)
         measures = {
-            "loss": Measure(one * sum(terms.values()), one),
+            "loss": Measure(one * sum(terms[name] for name in LOSS_TERMS), one),
             **{name: Measure(one * value, one) for name, value in terms.items()},
             **self.task.measures(batch.cpu()),
         }
@@ -121,10 +122,11 @@ class RLTrainer(Trainer):
     def summary(
         self, status: str, last_eval: dict[str, float] | None, eval_step: int
     ) -> dict[str, Any]:
-        losses = {f"eval/{x.name}": None for x in LOSSES}
-        filled = None if last_eval is None else losses | last_eval
+        updates = self.task.update_metrics  # training-only: evaluations have none
+        blanks = {f"eval/{x.name}": None for x in updates}
+        filled = None if last_eval is None else blanks | last_eval
         summary = super().summary(status, filled, eval_step)
-        for name in ("held_out_loss", *(f"held_out_{x.name}" for x in LOSSES)):
+        for name in ("held_out_loss", *(f"held_out_{x.name}" for x in updates)):
             summary.pop(name, None)
         summary["frames_seen"] = summary["sequences_seen"] * self.task.config.unroll
         if last_eval is not None:

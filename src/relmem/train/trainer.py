@@ -385,15 +385,24 @@ class Trainer:
         self.window.add(measures, None)
         return StepOutcome(int(signum_any), bool(time_up_any))
 
-    def apply_gradients(self, loss: Tensor) -> None:
+    def apply_gradients(self, loss: Tensor) -> Tensor:
         """One optimiser update on ``loss``: zero the gradients, back-propagate, clip the
         global norm to ``optim.grad_clip`` (if set), step. The schedule moves once per
-        training step, in :meth:`step`."""
+        training step, in :meth:`step`.
+
+        Returns:
+            ``[]``: the gradients' global L2 norm before clipping.
+        """
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if self.config.optim.grad_clip is not None:
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
+        clip = self.config.optim.grad_clip
+        if clip is None:
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            norm = nn.utils.get_total_norm(grads)
+        else:
+            norm = nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         self.optimizer.step()
+        return norm.detach()
 
     def train_metrics(self) -> dict[str, float]:
         """``train/loss``, ``train/{metric}``, ``train/lr``, ``perf/sequences_per_s`` and
