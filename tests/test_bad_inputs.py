@@ -109,6 +109,7 @@ CASES: dict[str, Case] = {
     "rl-unknown-algorithm": Case(("train", "boxworld", "--task.algorithm", "sac"), ("--task.algorithm",), boxed=True),
     "rl-unknown-pacman-task": Case(("train", "minipacman", "--task.task", "chase"), ("--task.task",), boxed=True),
     "rl-unroll-zero": Case(("train", "boxworld", "--task.unroll", "0"), ("task.unroll",), boxed=True),
+    "rl-target-kl-negative": Case(("train", "boxworld", "--task.target-kl", "-0.01"), ("task.target_kl", "> 0"), boxed=True),
     "rl-path-does-not-fit": Case(("train", "boxworld", "--task.grid-size", "5", "--task.solution-length", "20", "--out-dir", "{tmp}"), ("solution_length",)),
     # train --resume: the run's files
     "resume-missing": Case(("train", "nth-farthest", "--resume", "{tmp}/none"), ("{tmp}/none",)),

@@ -88,7 +88,18 @@ def test_ppo_return_rises(reach_task, tmp_path: Path) -> None:
     entropies = [r["train/entropy"] for r in train]
     assert math.log(Reach.num_actions) >= entropies[0] > entropies[-1] > 0, entropies
     for r in train:
-        assert 0 <= r["train/clip_fraction"] <= 1 and abs(r["train/kl_approx"]) < 0.5, r
+        assert 0 <= r["train/clip_fraction"] <= 1 and 0 <= r["train/kl"] < 0.5, r
+        assert r["train/optimiser_steps"] == 4 * 4  # epochs x minibatches: no target_kl
+
+
+def test_target_kl_ends_an_update_early(reach_task, tmp_path: Path) -> None:
+    """Past the first optimiser step, a minibatch whose KL from the collecting policy exceeds
+    1.5 x target_kl ends the batch's update."""
+    config = reach_config(tmp_path, steps=3, log_every=1, eval_every=3)
+    config.task = replace(config.task, target_kl=1e-6)
+    train = [r for r in records(run(config, "reach").run_dir) if "train/loss" in r]
+    assert [r["train/optimiser_steps"] for r in train] == [1.0, 1.0, 1.0]
+    assert all(0 <= r["train/kl"] < 1e-7 for r in train)  # the first step's: no move yet
 
 
 def test_updates_report_the_gradient_norm_before_clipping(reach_task, tmp_path: Path) -> None:
@@ -101,7 +112,7 @@ def test_updates_report_the_gradient_norm_before_clipping(reach_task, tmp_path: 
     assert len(train) == 2
     for r in train:
         assert r["train/grad_norm"] > 1e-3 and r["train/entropy"] > 0, r
-        assert "train/kl_approx" not in r and "train/clip_fraction" not in r
+        assert "train/kl" not in r and "train/clip_fraction" not in r
 
 
 def test_resume_is_exact(reach_task, tmp_path: Path) -> None:

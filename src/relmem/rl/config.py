@@ -43,6 +43,11 @@ class LearnerConfig:
             is never shuffled: the recurrent core replays each trajectory from its stored
             state).
         normalize_advantage: PPO's per-minibatch advantage normalisation.
+        target_kl: PPO's early stop (Stable-Baselines3's rule): a batch's update ends, its
+            remaining minibatches and epochs skipped, at the first minibatch whose approximate
+            KL divergence from the collecting policy exceeds ``1.5 * target_kl`` (that
+            minibatch is not applied; the first optimiser step always is). None: every epoch
+            runs.
         collectors: IMPALA's collector processes, each stepping ``batch_size`` environments;
             every training step takes the batch of whichever process finished first.
         backend: where IMPALA's collectors run, TorchRL's collector backend: 'process' (this
@@ -69,6 +74,7 @@ class LearnerConfig:
     epochs: int = 4
     minibatches: int = 1
     normalize_advantage: bool = False
+    target_kl: float | None = None
     collectors: int = 2
     backend: Literal["process", "ray", "distributed", "submitit"] = "process"
     eval_episodes: int = 200
@@ -88,7 +94,7 @@ class LearnerConfig:
                 "different seeds"
             )
         check_at_least("task.", self, entropy_coeff=0.0, critic_coeff=0.0)
-        check_positive("task.", self, "clip_epsilon")
+        check_positive("task.", self, "clip_epsilon", "target_kl")
         for name in ("gamma", "lmbda"):
             value = getattr(self, name)
             if not (math.isfinite(value) and 0.0 <= value <= 1.0):

@@ -11,7 +11,8 @@ core over the next observations as one sequence, which is not the agent's trajec
 episode's end, and reads the per-step states a sequence call does not keep).
 
 - :class:`PPOUpdate`: ``GAE`` advantages on the collected batch,
-  then ``epochs`` passes of ``ClipPPOLoss`` over ``minibatches`` groups of whole trajectories.
+  then ``epochs`` passes of ``ClipPPOLoss`` over ``minibatches`` groups of whole trajectories,
+  cut short by ``target_kl`` when the policy has moved too far from the collecting one.
 - :class:`VTraceUpdate`: ``VTrace`` targets (rho-bar = c-bar = 1) and one ``A2CLoss`` step,
   as TorchRL's ``sota-implementations/impala`` does.
 
@@ -25,13 +26,14 @@ Each update calls ``apply(loss)`` (the trainer's :meth:`~relmem.train.trainer.Tr
 apply_gradients`, which also refuses a non-finite loss and returns the gradients' norm before
 clipping) once per optimiser step and returns the mean over its optimiser steps of each loss
 term (:data:`LOSS_TERMS`) and of the update's statistics (:data:`STATISTICS`): the policy's
-entropy, the gradient norm and, for PPO, TorchRL's estimate of the KL divergence between the
-collecting and the updated policy and the share of clipped ratios. A policy that collapses
-shows there first: its entropy falls, its KL and clip fraction jump.
+entropy, the gradient norm and, for PPO, the KL divergence of the updated policy from the
+collecting one (:func:`kl_estimate`), the share of clipped ratios and the optimiser steps
+taken. Updates that move the policy too far show there first: the KL and clip fraction jump.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -48,10 +50,13 @@ from relmem.rl.config import LearnerConfig
 Apply = Callable[[Tensor], Tensor]  # one optimiser step on a loss; the gradient norm
 LOSS_TERMS = ("loss_objective", "loss_critic", "loss_entropy")
 GRAD_NORM = "grad_norm"
-# what each algorithm's update reports beside its loss terms: its loss module's outputs and
-# GRAD_NORM, the gradients' global L2 norm before clipping
+OPTIMISER_STEPS = "optimiser_steps"
+# what each algorithm's update reports beside its loss terms: its loss module's outputs,
+# GRAD_NORM (the gradients' global L2 norm before clipping) and OPTIMISER_STEPS (the count of
+# steps the update took, not a mean: PPO's target_kl can end an update early)
+KL = "kl"
 STATISTICS = {
-    "ppo": ("entropy", "kl_approx", "clip_fraction", GRAD_NORM),
+    "ppo": ("entropy", KL, "clip_fraction", GRAD_NORM, OPTIMISER_STEPS),
     "impala": ("entropy", GRAD_NORM),
 }
 
@@ -93,6 +98,18 @@ def total_loss(terms: TensorDictBase) -> Tensor:
     return sum(terms[name] for name in LOSS_TERMS)
 
 
+def kl_estimate(terms: TensorDictBase) -> Tensor:
+    """``[]``: KL(collecting policy ‖ updated policy) over a ``ClipPPOLoss`` call's samples.
+
+    The estimator ``mean(r - 1 - log r)`` with ``r = π_new(a|s) / π_old(a|s)`` (Schulman's
+    "k3": unbiased, never negative, of low variance), from the loss's own outputs:
+    ``mean_ratio`` is ``mean(r)`` and ``kl_approx`` is ``mean(-log r)``, the plain estimator,
+    which can be negative. Stable-Baselines3's ``target_kl`` reads the same estimator. The
+    difference of two float32 means is clamped at 0 (its rounding is about 1e-8).
+    """
+    return (terms["mean_ratio"] - 1 + terms["kl_approx"]).detach().clamp_min(0)
+
+
 class Means:
     """Running sums of an update's loss terms and statistics over its optimiser steps.
 
@@ -107,18 +124,25 @@ class Means:
 
     def add(self, terms: TensorDictBase, grad_norm: Tensor) -> None:
         """One optimiser step's loss module outputs and gradient norm."""
+        derived = {GRAD_NORM: grad_norm, OPTIMISER_STEPS: None}
+        if KL in self.names:
+            derived[KL] = kl_estimate(terms)
         for name in self.names:
-            value = grad_norm if name == GRAD_NORM else terms[name]
-            self.sums[name] += float(value.detach())
+            value = derived[name] if name in derived else terms[name]
+            if value is not None:
+                self.sums[name] += float(value.detach())
         self.count += 1
 
     def means(self) -> dict[str, float]:
-        """Each name's mean over the steps added."""
-        return {name: total / self.count for name, total in self.sums.items()}
+        """Each name's mean over the steps added (:data:`OPTIMISER_STEPS`: their count)."""
+        return {
+            name: float(self.count) if name == OPTIMISER_STEPS else total / self.count
+            for name, total in self.sums.items()
+        }
 
 
 class PPOUpdate:
-    """Clipped PPO on whole rollouts.
+    """Clipped PPO on whole rollouts, ended early by ``config.target_kl`` when set.
 
     Args:
         agent: has ``policy`` (a ``ProbabilisticActor``) and ``value``.
@@ -143,15 +167,18 @@ class PPOUpdate:
         """Update on ``batch [B, T]``; the mean loss terms and statistics."""
         c = self.config
         means = Means("ppo")
+        kl_limit = math.inf if c.target_kl is None else 1.5 * c.target_kl
         with set_recurrent_mode(True):
             with torch.no_grad():
                 write_values(self.agent, batch)
                 self.advantage(batch)
             fresh = batch.exclude(*INTERMEDIATE_KEYS)
-            for _ in range(c.epochs):
-                for part in fresh.chunk(c.minibatches, dim=0):
-                    terms = self.loss(part)
-                    means.add(terms, apply(total_loss(terms)))
+            parts = fresh.chunk(c.minibatches, dim=0)
+            for part in (part for _ in range(c.epochs) for part in parts):
+                terms = self.loss(part)
+                if means.count and float(kl_estimate(terms)) > kl_limit:
+                    break
+                means.add(terms, apply(total_loss(terms)))
         return means.means()
 
 
