@@ -62,7 +62,8 @@ def load_agent(
 def plot_curves(records: list[dict[str, Any]], path: Path, title: str, solvable: bool) -> None:
     """Episode return (and, for a solvable game, the share of levels solved) of the training
     episodes and of the evaluations on the validation levels, against steps (top) and minutes
-    (bottom)."""
+    (middle); the updates' policy entropy and KL divergence (PPO) or gradient norm (IMPALA)
+    against steps (bottom), where a policy that collapses shows first."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -70,23 +71,36 @@ def plot_curves(records: list[dict[str, Any]], path: Path, title: str, solvable:
 
     names = ["return", "solved"] if solvable else ["return", "length"]
     labels = {"return": "episode return", "solved": "levels solved", "length": "episode length"}
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True, squeeze=False)
+    fig, axes = plt.subplots(3, 2, figsize=(12, 11), constrained_layout=True, squeeze=False)
+
+    def draw(ax: Any, key: str, xkey: str, scale: float, label: str, marker: str | None) -> None:
+        points = [
+            (r[xkey] / scale, r[key])
+            for r in records
+            if r.get(key) is not None and r.get(xkey) is not None
+        ]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, label=label, marker=marker)
+
     for row, xkey, xlabel, scale in ((0, "step", "step", 1.0), (1, "time_s", "minutes", 60.0)):
         for col, name in enumerate(names):
             ax = axes[row][col]
             for prefix, label in (("train", "training episodes"), ("eval", "validation levels")):
-                key = f"{prefix}/{name}"
-                points = [
-                    (r[xkey] / scale, r[key])
-                    for r in records
-                    if r.get(key) is not None and r.get(xkey) is not None
-                ]
-                if points:
-                    xs, ys = zip(*points, strict=True)
-                    ax.plot(xs, ys, label=label, marker="o" if prefix == "eval" else None)
+                marker = "o" if prefix == "eval" else None
+                draw(ax, f"{prefix}/{name}", xkey, scale, label, marker)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(labels[name])
-            ax.grid(alpha=0.3)
+    second = ("train/grad_norm", "gradient norm")
+    if any("train/kl" in r for r in records):  # PPO
+        second = ("train/kl", "KL(collecting ‖ updated)")
+    for col, (key, label) in enumerate((("train/entropy", "policy entropy (nats)"), second)):
+        draw(axes[2][col], key, "step", 1.0, "updates", None)
+        axes[2][col].set_xlabel("step")
+        axes[2][col].set_ylabel(label)
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
             ax.legend()
     fig.suptitle(title)
     fig.savefig(path, dpi=110)
