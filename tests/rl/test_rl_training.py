@@ -99,7 +99,7 @@ def test_target_kl_ends_an_update_early(reach_task, tmp_path: Path) -> None:
     config.task = replace(config.task, target_kl=1e-6)
     train = [r for r in records(run(config, "reach").run_dir) if "train/loss" in r]
     assert [r["train/optimiser_steps"] for r in train] == [1.0, 1.0, 1.0]
-    assert all(0 <= r["train/kl"] < 1e-7 for r in train)  # the first step's: no move yet
+    assert all(r["train/kl"] > 1.5e-6 for r in train)  # the KL that ended each update
 
 
 def test_updates_report_the_gradient_norm_before_clipping(reach_task, tmp_path: Path) -> None:

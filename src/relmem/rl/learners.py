@@ -24,11 +24,11 @@ a copy of its input, so V-trace's critic is the whole value network.
 
 Each update calls ``apply(loss)`` (the trainer's :meth:`~relmem.train.trainer.Trainer.
 apply_gradients`, which also refuses a non-finite loss and returns the gradients' norm before
-clipping) once per optimiser step and returns the mean over its optimiser steps of each loss
-term (:data:`LOSS_TERMS`) and of the update's statistics (:data:`STATISTICS`): the policy's
-entropy, the gradient norm and, for PPO, the KL divergence of the updated policy from the
-collecting one (:func:`kl_estimate`), the share of clipped ratios and the optimiser steps
-taken. Updates that move the policy too far show there first: the KL and clip fraction jump.
+clipping) once per optimiser step and returns each loss term (:data:`LOSS_TERMS`) and the
+update's statistics (:data:`STATISTICS`): the means over its optimiser steps of the loss terms,
+the policy's entropy, the gradient norm and PPO's share of clipped ratios; for PPO also how far
+the update moved the policy from the collecting one (the KL, :func:`kl_estimate`) and the
+optimiser steps it took. An update that moves the policy too far shows there first.
 """
 
 from __future__ import annotations
@@ -51,12 +51,14 @@ Apply = Callable[[Tensor], Tensor]  # one optimiser step on a loss; the gradient
 LOSS_TERMS = ("loss_objective", "loss_critic", "loss_entropy")
 GRAD_NORM = "grad_norm"
 OPTIMISER_STEPS = "optimiser_steps"
-# what each algorithm's update reports beside its loss terms: its loss module's outputs,
-# GRAD_NORM (the gradients' global L2 norm before clipping) and OPTIMISER_STEPS (the count of
-# steps the update took, not a mean: PPO's target_kl can end an update early)
+# what each algorithm's update reports beside its loss terms (means over its optimiser steps):
+# the policy's entropy, the gradients' global L2 norm before clipping (GRAD_NORM) and, for PPO,
+# the share of clipped ratios; then PPO's KL, the policy's divergence from the collecting one
+# at the last minibatch the update evaluated (kl_estimate: before its last step, or at the
+# minibatch that ended it early), and OPTIMISER_STEPS, the count of steps it took
 KL = "kl"
 STATISTICS = {
-    "ppo": ("entropy", KL, "clip_fraction", GRAD_NORM, OPTIMISER_STEPS),
+    "ppo": ("entropy", "clip_fraction", GRAD_NORM, KL, OPTIMISER_STEPS),
     "impala": ("entropy", GRAD_NORM),
 }
 
@@ -111,34 +113,26 @@ def kl_estimate(terms: TensorDictBase) -> Tensor:
 
 
 class Means:
-    """Running sums of an update's loss terms and statistics over its optimiser steps.
+    """Running means of an update's loss terms and statistics over its optimiser steps.
 
     Args:
-        algorithm: 'ppo' or 'impala', the key of :data:`STATISTICS`.
+        names: loss module outputs to average, and :data:`GRAD_NORM`.
     """
 
-    def __init__(self, algorithm: str) -> None:
-        self.names = (*LOSS_TERMS, *STATISTICS[algorithm])
-        self.sums = dict.fromkeys(self.names, 0.0)
+    def __init__(self, *names: str) -> None:
+        self.sums = dict.fromkeys(names, 0.0)
         self.count = 0
 
     def add(self, terms: TensorDictBase, grad_norm: Tensor) -> None:
         """One optimiser step's loss module outputs and gradient norm."""
-        derived = {GRAD_NORM: grad_norm, OPTIMISER_STEPS: None}
-        if KL in self.names:
-            derived[KL] = kl_estimate(terms)
-        for name in self.names:
-            value = derived[name] if name in derived else terms[name]
-            if value is not None:
-                self.sums[name] += float(value.detach())
+        for name in self.sums:
+            value = grad_norm if name == GRAD_NORM else terms[name]
+            self.sums[name] += float(value.detach())
         self.count += 1
 
     def means(self) -> dict[str, float]:
-        """Each name's mean over the steps added (:data:`OPTIMISER_STEPS`: their count)."""
-        return {
-            name: float(self.count) if name == OPTIMISER_STEPS else total / self.count
-            for name, total in self.sums.items()
-        }
+        """Each name's mean over the steps added."""
+        return {name: total / self.count for name, total in self.sums.items()}
 
 
 class PPOUpdate:
@@ -166,7 +160,8 @@ class PPOUpdate:
     def __call__(self, batch: TensorDictBase, apply: Apply) -> dict[str, float]:
         """Update on ``batch [B, T]``; the mean loss terms and statistics."""
         c = self.config
-        means = Means("ppo")
+        means = Means(*LOSS_TERMS, "entropy", "clip_fraction", GRAD_NORM)
+        kl = 0.0
         kl_limit = math.inf if c.target_kl is None else 1.5 * c.target_kl
         with set_recurrent_mode(True):
             with torch.no_grad():
@@ -176,10 +171,11 @@ class PPOUpdate:
             parts = fresh.chunk(c.minibatches, dim=0)
             for part in (part for _ in range(c.epochs) for part in parts):
                 terms = self.loss(part)
-                if means.count and float(kl_estimate(terms)) > kl_limit:
+                kl = float(kl_estimate(terms))
+                if means.count and kl > kl_limit:
                     break
                 means.add(terms, apply(total_loss(terms)))
-        return means.means()
+        return means.means() | {KL: kl, OPTIMISER_STEPS: float(means.count)}
 
 
 class VTraceUpdate:
@@ -211,7 +207,7 @@ class VTraceUpdate:
 
     def __call__(self, batch: TensorDictBase, apply: Apply) -> dict[str, float]:
         """One update on ``batch [B, T]``; its loss terms and statistics."""
-        means = Means("impala")
+        means = Means(*LOSS_TERMS, "entropy", GRAD_NORM)
         with set_recurrent_mode(True):
             with torch.no_grad():
                 write_values(self.agent, batch)
