@@ -33,6 +33,10 @@ def test_defaults_and_the_paper_setting() -> None:
         assert paper.optim.optimizer == "rmsprop" and paper.optim.eps == 0.01
         assert paper.optim.alpha == 0.99 and paper.optim.grad_clip == 40.0
         assert paper.batch_size * paper.task.unroll * paper.steps == 10**9
-    box = get_preset("boxworld", "cpu").task
+    box_preset = get_preset("boxworld", "cpu")
+    box = box_preset.task
     assert (box.grid_size, box.solution_length, box.num_forward) == (6, (1, 2), (0, 1))
     assert box.observation == "full"
+    # the rate decays over the steps the 2-core VM makes in the 20 minutes
+    assert (box_preset.optim.schedule, box_preset.steps) == ("cosine", 600)
+    assert box_preset.time_limit_min == 20.0
