@@ -29,7 +29,7 @@ from relmem.tasks.base import ACCURACY, MetricSpec, Task
 from relmem.tasks.registry import get_task
 from relmem.train.checkpoint import CheckpointError
 from relmem.train.config import TrainConfig
-from relmem.train.metrics import MetricsFileError, read_metrics
+from relmem.train.metrics import MetricsFileError, read_metrics, series
 from relmem.train.runs import MAX_PARAMETERS, load_run_config, load_trained
 
 
@@ -75,7 +75,7 @@ def plot_curves(
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
     m = metric.name
-    series = [
+    curves = [
         (f"train/{m}", "train batch", 0),
         (f"eval/{m}", "held-out", 0),
         (f"eval/best_batch_{m}", "best fresh batch", 0),
@@ -84,14 +84,9 @@ def plot_curves(
         *((f"eval/{x.name}", f"held-out {x.description}", 0) for x in extra),
     ]
     for row, xkey, xlabel, scale in ((0, "step", "step", 1.0), (1, "time_s", "minutes", 60.0)):
-        for key, label, col in series:
-            points = [
-                (r[xkey] / scale, r[key])
-                for r in records
-                if r.get(key) is not None and r.get(xkey) is not None
-            ]
-            if points:
-                xs, ys = zip(*points, strict=True)
+        for key, label, col in curves:
+            xs, ys = series(records, key, xkey, scale)
+            if xs:
                 axes[row][col].plot(xs, ys, label=label)
         for i, (label, value) in enumerate((levels or {}).items()):
             axes[row][0].axhline(value, color="grey", linestyle=("--", ":")[i % 2], label=label)

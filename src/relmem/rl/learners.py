@@ -50,17 +50,16 @@ from relmem.rl.config import LearnerConfig
 Apply = Callable[[Tensor], Tensor]  # one optimiser step on a loss; the gradient norm
 LOSS_TERMS = ("loss_objective", "loss_critic", "loss_entropy")
 GRAD_NORM = "grad_norm"
-OPTIMISER_STEPS = "optimiser_steps"
-# what each algorithm's update reports beside its loss terms (means over its optimiser steps):
-# the policy's entropy, the gradients' global L2 norm before clipping (GRAD_NORM) and, for PPO,
-# the share of clipped ratios; then PPO's KL, the policy's divergence from the collecting one
-# at the last minibatch the update evaluated (kl_estimate: before its last step, or at the
-# minibatch that ended it early), and OPTIMISER_STEPS, the count of steps it took
 KL = "kl"
-STATISTICS = {
-    "ppo": ("entropy", "clip_fraction", GRAD_NORM, KL, OPTIMISER_STEPS),
-    "impala": ("entropy", GRAD_NORM),
-}
+OPTIMISER_STEPS = "optimiser_steps"
+# what each algorithm's update reports beside its loss terms: means over its optimiser steps
+# of the policy's entropy, the gradients' global L2 norm before clipping (GRAD_NORM) and, for
+# PPO, the share of clipped ratios (PER_STEP); then, once per PPO update, the KL, the policy's
+# divergence from the collecting one at the last minibatch the update evaluated (kl_estimate:
+# before its last step, or at the minibatch that ended it early), and OPTIMISER_STEPS, the
+# count of steps it took
+PER_STEP = {"ppo": ("entropy", "clip_fraction", GRAD_NORM), "impala": ("entropy", GRAD_NORM)}
+STATISTICS = {"ppo": (*PER_STEP["ppo"], KL, OPTIMISER_STEPS), "impala": PER_STEP["impala"]}
 
 
 def write_values(agent: nn.Module, batch: TensorDictBase) -> None:
@@ -113,14 +112,15 @@ def kl_estimate(terms: TensorDictBase) -> Tensor:
 
 
 class Means:
-    """Running means of an update's loss terms and statistics over its optimiser steps.
+    """Running means of an update's loss terms and :data:`PER_STEP` statistics over its
+    optimiser steps.
 
     Args:
-        names: loss module outputs to average, and :data:`GRAD_NORM`.
+        algorithm: 'ppo' or 'impala'.
     """
 
-    def __init__(self, *names: str) -> None:
-        self.sums = dict.fromkeys(names, 0.0)
+    def __init__(self, algorithm: str) -> None:
+        self.sums = dict.fromkeys((*LOSS_TERMS, *PER_STEP[algorithm]), 0.0)
         self.count = 0
 
     def add(self, terms: TensorDictBase, grad_norm: Tensor) -> None:
@@ -160,7 +160,7 @@ class PPOUpdate:
     def __call__(self, batch: TensorDictBase, apply: Apply) -> dict[str, float]:
         """Update on ``batch [B, T]``; the mean loss terms and statistics."""
         c = self.config
-        means = Means(*LOSS_TERMS, "entropy", "clip_fraction", GRAD_NORM)
+        means = Means("ppo")
         kl = 0.0
         kl_limit = math.inf if c.target_kl is None else 1.5 * c.target_kl
         with set_recurrent_mode(True):
@@ -207,7 +207,7 @@ class VTraceUpdate:
 
     def __call__(self, batch: TensorDictBase, apply: Apply) -> dict[str, float]:
         """One update on ``batch [B, T]``; its loss terms and statistics."""
-        means = Means(*LOSS_TERMS, "entropy", GRAD_NORM)
+        means = Means("impala")
         with set_recurrent_mode(True):
             with torch.no_grad():
                 write_values(self.agent, batch)

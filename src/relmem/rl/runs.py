@@ -15,6 +15,7 @@ from torch import nn
 from relmem.tasks.registry import get_task
 from relmem.train.checkpoint import best_checkpoint
 from relmem.train.config import TrainConfig
+from relmem.train.metrics import series
 from relmem.train.runs import MAX_PARAMETERS, load_run_config, load_trained
 
 
@@ -74,13 +75,8 @@ def plot_curves(records: list[dict[str, Any]], path: Path, title: str, solvable:
     fig, axes = plt.subplots(3, 2, figsize=(12, 11), constrained_layout=True, squeeze=False)
 
     def draw(ax: Any, key: str, xkey: str, scale: float, label: str, marker: str | None) -> None:
-        points = [
-            (r[xkey] / scale, r[key])
-            for r in records
-            if r.get(key) is not None and r.get(xkey) is not None
-        ]
-        if points:
-            xs, ys = zip(*points, strict=True)
+        xs, ys = series(records, key, xkey, scale)
+        if xs:
             ax.plot(xs, ys, label=label, marker=marker)
 
     for row, xkey, xlabel, scale in ((0, "step", "step", 1.0), (1, "time_s", "minutes", 60.0)):

@@ -11,11 +11,10 @@ state_dict>`), exact resumes and ``summary.json``.
 Metrics (``train/...`` over the steps since the last log line, as sums and counts): ``solved``
 (BoxWorld), ``return`` and ``length`` of the episodes that ended, the loss and its terms
 (``loss_objective``, ``loss_critic``, ``loss_entropy``), the update's statistics (``entropy``,
-``grad_norm``, PPO's ``kl``, ``clip_fraction`` and ``optimiser_steps``: :data:`relmem.rl.
-learners.STATISTICS`),
-``perf/frames_per_s``; at the evaluation cadence ``eval/solved``, ``eval/return``,
-``eval/return_se``, ``eval/length`` on the task's fixed validation levels, whose best weights
-are kept as ``checkpoints/best``.
+``grad_norm``, PPO's ``kl``, ``clip_fraction`` and ``optimiser_steps``:
+:data:`relmem.rl.learners.STATISTICS`), ``perf/frames_per_s``; at the evaluation cadence
+``eval/solved``, ``eval/return``, ``eval/return_se``, ``eval/length`` on the task's fixed
+validation levels, whose best weights are kept as ``checkpoints/best``.
 """
 
 from __future__ import annotations

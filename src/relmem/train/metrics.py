@@ -192,3 +192,19 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         MetricsFileError: a line other than the last is damaged.
     """
     return [record for _, record in _scan(Path(path))[0]]
+
+
+def series(
+    records: list[dict[str, Any]], key: str, x_key: str, x_scale: float = 1.0
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``(xs, ys)``: ``record[x_key] / x_scale`` and ``record[key]`` of the records that hold
+    both (a curve to plot; two empty tuples if none does)."""
+    points = [
+        (r[x_key] / x_scale, r[key])
+        for r in records
+        if r.get(key) is not None and r.get(x_key) is not None
+    ]
+    if not points:
+        return (), ()
+    xs, ys = zip(*points, strict=True)
+    return xs, ys
