@@ -311,20 +311,20 @@ def test_cell_matches_reference(case: str, implementation: str) -> None:
         out, new = cell(x, s)
         torch.manual_seed(5)
         loss = (out * torch.randn_like(out)).sum()
-        loss = loss + (new.memory * torch.randn_like(new.memory)).sum()
+        for part in new:
+            if part is not None:
+                loss = loss + (part * torch.randn_like(part)).sum()
         cell.zero_grad()
         loss.backward()
-        results.append(
-            (out, new.memory, x.grad, s.memory.grad, [p.grad for p in cell.parameters()])
-        )
-    for name, got, want in zip(
-        ("output", "memory", "input grad", "state grad"),
-        results[1][:4],
-        results[0][:4],
-        strict=True,
-    ):
-        _assert_close(name, got, want, 1e-10)
-    for got, want in zip(results[1][4], results[0][4], strict=True):
+        grads = [None if t is None else t.grad for t in s]
+        results.append((out, *new, x.grad, *grads, [p.grad for p in cell.parameters()]))
+    names = ("output", "memory", "hidden", "input grad", "memory grad", "hidden grad")
+    for name, got, want in zip(names, results[1][:6], results[0][:6], strict=True):
+        if want is None:
+            assert got is None, name
+        else:
+            _assert_close(name, got, want, 1e-10)
+    for got, want in zip(results[1][6], results[0][6], strict=True):
         _assert_close("param grad", got, want, 1e-10)
 
 

@@ -219,17 +219,12 @@ def _linear(x: Tensor, weight: Weight, bias: Tensor | None = None) -> Tensor:
     return F.linear(x, weight, bias)
 
 
-def _mlp(x: Tensor, layers: tuple[tuple[Weight, Tensor], ...], last_bias: bool = True) -> Tensor:
-    """L linear layers with ReLU between them, none after the last: ``[..., M] -> [..., M]``.
-
-    ``last_bias=False`` leaves the last layer's bias out, for a caller that adds it itself (the
-    fused step's ``add_layer_norm``).
-    """
-    last = len(layers) - 1
+def _mlp(x: Tensor, layers: tuple[tuple[Weight, Tensor], ...]) -> Tensor:
+    """L linear layers with ReLU between them, none after the last: ``[..., M] -> [..., M]``."""
     for index, (weight, bias) in enumerate(layers):
         if index > 0:
             x = F.relu(x)
-        x = _linear(x, weight, bias if last_bias or index < last else None)
+        x = _linear(x, weight, bias)
     return x
 
 
@@ -464,7 +459,7 @@ def fast_cell_step(
     weights: RMCWeights,
     rows: Tensor,
     state: RMCState,
-    step_fn: StepFn = recurrent_step,
+    sequence_fn: SequenceFn | None = None,
 ) -> tuple[Tensor, RMCState]:
     """One step, equal to the reference step without its details.
 
@@ -473,22 +468,29 @@ def fast_cell_step(
         weights: the cell's parameters (``RelationalMemoryCell.fast_weights()``).
         rows: ``[B, n, F]`` the validated step input.
         state: validated :class:`RMCState`.
-        step_fn: the recurrent step (:func:`recurrent_step`, or the fused one).
+        sequence_fn: None: :func:`recurrent_step`; else the step runs as a sequence of one
+            through it (the fused CPU path's :func:`relmem.cores.rmc.fused.fused_sequence`).
 
     Returns:
         ``(output [B, N·M], new state)``.
     """
+    spec = _step_spec(config)
     step_weights = _step_weights(config, weights)
-    hoisted = _hoist(config, weights, step_weights, rows)
-    memory, hidden = step_fn(
-        _step_spec(config),
-        step_weights,
-        state.memory,
-        state.hidden,
-        hoisted.x,
-        hoisted.z_inputs,
-        hoisted.gate_x,
-    )
+    if sequence_fn is None:
+        hoisted = _hoist(config, weights, step_weights, rows)
+        memory, hidden = recurrent_step(
+            spec,
+            step_weights,
+            state.memory,
+            state.hidden,
+            hoisted.x,
+            hoisted.z_inputs,
+            hoisted.gate_x,
+        )
+    else:  # [1, B, ...] time axes in and out
+        hoisted = _hoist(config, weights, step_weights, rows.unsqueeze(0))
+        memories, hiddens = sequence_fn(spec, step_weights, state.memory, state.hidden, hoisted)
+        memory, hidden = memories[0], None if hiddens is None else hiddens[0]
     output = (memory if hidden is None else hidden).flatten(1)
     return output, RMCState(memory, hidden)
 

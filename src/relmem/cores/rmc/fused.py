@@ -10,15 +10,15 @@ over the step's rows and the hoisted input rows without joining them, the residu
 the blend and the output gate) and ``tanh`` (the recurrent input). The weight products stay ATen
 GEMMs (without those two biases, so that no bias is copied into their outputs).
 
-Two entry points, as on the fast path:
-
-- :func:`fused_step`, one step from the four operators, for ``RelationalMemoryCell``.
-- :func:`fused_sequence`, for ``RelationalMemory``: the ``sequence`` operator runs a chunk of
-  steps in a C++ loop, GEMMs included, and its backward runs the loop in reverse with the four
-  operators' backward functions, summing each weight's gradient over the steps inside its GEMM.
-  One autograd node per hoisting chunk instead of about ten per step (``docs/performance.md``
-  §4.9). :func:`relmem.cores.rmc.fast.fast_sequence` still hoists E1–E3 and applies ``lengths``;
-  E10 does not apply (the operator makes the weights' gradients itself).
+:func:`fused_sequence` calls the ``sequence`` operator, which runs a chunk of steps in a C++ loop,
+GEMMs included; its backward runs the loop in reverse with the four operators' backward
+functions, summing each weight's gradient over the steps inside its GEMM. One autograd node per
+hoisting chunk instead of about ten per step (``docs/performance.md`` §4.9).
+:func:`relmem.cores.rmc.fast.fast_sequence` still hoists E1–E3 and applies ``lengths``; E10
+does not apply (the operator makes the weights' gradients itself). ``RelationalMemoryCell`` runs
+its step as a sequence of one (:func:`relmem.cores.rmc.fast.fast_cell_step`), so one loop serves
+both. The four step operators are registered on their own as well, so that the tests can
+gradcheck each hand-written backward alone.
 
 The reference remains the oracle: ``tests/cores/test_rmc_fast.py`` compares both entry points
 with it over every option, forward and backward, states included.
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from relmem.cores.rmc.fast import StepFn, _Hoisted, _linear, _mlp, _StepSpec, _StepWeights
+from relmem.cores.rmc.fast import SequenceFn, _Hoisted, _StepSpec, _StepWeights
 
 _SOURCE = Path(__file__).with_name("csrc") / "fused_step.cpp"
 
@@ -86,8 +86,8 @@ def _build_failure() -> str | None:
     return None
 
 
-def prepare_fused(device: torch.device) -> StepFn:
-    """The fused step for inputs on ``device``, its operators loaded.
+def prepare_fused(device: torch.device) -> SequenceFn:
+    """:func:`fused_sequence` for inputs on ``device``, its operators loaded.
 
     Raises:
         ValueError: ``device`` is not the CPU (the operators are CPU kernels).
@@ -99,73 +99,7 @@ def prepare_fused(device: torch.device) -> StepFn:
             "implementation='fast' (or FastRelationalMemory's CUDA graphs) on a GPU"
         )
     load_fused_ops()
-    return fused_step
-
-
-def fused_step(
-    spec: _StepSpec,
-    weights: _StepWeights,
-    memory: Tensor,
-    hidden: Tensor | None,
-    x: Tensor,
-    z_inputs: tuple[Tensor | None, ...],
-    gate_x: Tensor | None,
-) -> tuple[Tensor, Tensor | None]:
-    """One recurrent step with the fused operators; the arguments and results of
-    :func:`relmem.cores.rmc.fast.recurrent_step`.
-
-    Args:
-        spec: static sizes and options.
-        weights: the in-loop tensors (``_step_weights``), banked for E10 or not.
-        memory: ``[B, N, M]`` m_{t-1}. hidden: ``[B, N, M]`` h_{t-1}, or None.
-        x: ``[B, n, M]`` the projected input rows.
-        z_inputs: per block, the input rows' hoisted ``LN_qkv`` ``[B, n, Q]``, or None.
-        gate_x: ``[B, W]`` the hoisted input-gate term with every gate bias, or None.
-
-    Returns:
-        ``(m_t, h_t)``: ``[B, N, M]`` each (h_t is None without ``output_gate``).
-    """
-    ops = torch.ops.relmem_fused
-    n_slots = spec.slots
-    rows_mem, rows_in = memory, x  # [B, N, M], [B, n, M]
-    last = len(weights.blocks) - 1
-    for index, block in enumerate(weights.blocks):
-        z_in = z_inputs[index]
-        full = spec.query_all and index < last
-        joined = torch.cat([rows_mem, rows_in], dim=1) if full or z_in is None else None
-        # The biases of qkv and of the MLP's last layer are added inside the operators.
-        if z_in is None:  # the input rows were updated by the previous block
-            y = _linear(joined, block.qkv_w)  # [B, N+n, Q]
-            z_in = y.new_empty((y.shape[0], 0, y.shape[2]))
-        else:
-            y = _linear(rows_mem, block.qkv_w)  # [B, N, Q]
-        residual = joined if full else rows_mem  # [B, R_q, M]
-        h = ops.attend_block(
-            y,
-            z_in,
-            residual,
-            block.qkv_b,
-            *block.qkv_ln,
-            *block.attn_ln,
-            spec.heads,
-            spec.key,
-            spec.value,
-        )
-        mlp_out = _mlp(h, block.mlp, last_bias=False)
-        h = ops.add_layer_norm(mlp_out, h, block.mlp[-1][1], *block.mlp_ln)
-        if full:
-            rows_mem, rows_in = h[:, :n_slots], h[:, n_slots:]
-        else:
-            rows_mem = h
-    if gate_x is None:  # no gating
-        return rows_mem, None
-    assert weights.gate_w is not None
-    recurrent = hidden if spec.output_gate else ops.tanh(memory)
-    pre = _linear(recurrent, weights.gate_w)  # [B, N, W]
-    new_memory, new_hidden = ops.gate_update(
-        pre, gate_x, rows_mem, memory, spec.gate, spec.output_gate
-    )
-    return new_memory, new_hidden if spec.output_gate else None
+    return fused_sequence
 
 
 def fused_sequence(
@@ -175,9 +109,9 @@ def fused_sequence(
     hidden: Tensor | None,
     hoisted: _Hoisted,
 ) -> tuple[Tensor, Tensor | None]:
-    """The steps of :func:`fused_step` over a chunk of time as one operator with one backward
-    (``relmem_fused::sequence``): the GEMMs run inside its loop, and each weight's gradient is
-    summed over the steps inside its GEMM. A :data:`relmem.cores.rmc.fast.SequenceFn`.
+    """:func:`relmem.cores.rmc.fast.recurrent_step` over a chunk of time as one operator with one
+    backward (``relmem_fused::sequence``): the GEMMs run inside its loop, and each weight's
+    gradient is summed over the steps inside its GEMM. A :data:`relmem.cores.rmc.fast.SequenceFn`.
 
     Args:
         spec: static sizes and options.

@@ -46,7 +46,7 @@ from relmem.cores.rmc.fast import (
     fast_sequence,
     recurrent_step,
 )
-from relmem.cores.rmc.fused import fused_sequence, load_fused_ops, prepare_fused
+from relmem.cores.rmc.fused import load_fused_ops, prepare_fused
 from relmem.cores.rmc.reference import AttentionBlock, AttentionMLP, reference_step
 from relmem.validation import check_bool, check_factory
 
@@ -412,10 +412,10 @@ class RelationalMemoryCell(nn.Module):
         if return_details or self.implementation == "reference":
             output, new_state, details = self.step(rows, state)
             return (output, new_state, details) if return_details else (output, new_state)
-        step_fn = recurrent_step
+        sequence_fn = None
         if self.implementation == "fused":
-            step_fn = prepare_fused(rows.device)
-        return fast_cell_step(self.config, self.fast_weights(), rows, state, step_fn)
+            sequence_fn = prepare_fused(rows.device)
+        return fast_cell_step(self.config, self.fast_weights(), rows, state, sequence_fn)
 
 
 @_document_arguments
@@ -569,8 +569,7 @@ class RelationalMemory(nn.Module):
         if self.implementation != "reference":
             sequence_fn = None
             if self.implementation == "fused":
-                prepare_fused(rows.device)  # the device check and the build; the step is the cell's
-                sequence_fn = fused_sequence
+                sequence_fn = prepare_fused(rows.device)
             weights = cell.fast_weights()
             outputs, final_state = fast_sequence(
                 cell.config, weights, rows, state, seq.lengths, sequence_fn=sequence_fn
