@@ -59,10 +59,15 @@ def test_one_thread_wins_when_many_are_slower() -> None:
 
 
 def test_contention_during_the_probe_ends_it() -> None:
-    machine = Machine(one=ONE, many=SLOW)  # another process holds a core: 60x slower
+    # another process holds a core: many-thread steps 4x slower than one thread's, over the
+    # 3x threshold; step 0 and step 6 are untimed, steps 7-9 the three slow ones in a row
+    machine = Machine(one=ONE, many=4 * ONE)
     used = machine.drive(governor(machine), 20)
-    # step 0 and step 6 are untimed; steps 7-9 are the three slow ones in a row
     assert used[:6] == [1] * 6 and used[6:10] == [4] * 4 and used[10:] == [1] * 10
+    # 80x slower: step 7 alone took longer than three steps at the threshold would
+    machine = Machine(one=ONE, many=SLOW)
+    used = machine.drive(governor(machine), 20)
+    assert used[:6] == [1] * 6 and used[6:8] == [4] * 2 and used[8:] == [1] * 12
 
 
 def test_contention_while_running_drops_to_one_thread_then_reprobes() -> None:
@@ -71,9 +76,9 @@ def test_contention_while_running_drops_to_one_thread_then_reprobes() -> None:
     assert machine.drive(g, 20)[-1] == 4
     machine.times[4] = SLOW  # a second process starts
     used = machine.drive(g, 180)
-    # three slow steps, then one thread; the probe a quarter of the wait later (5 s, 160
-    # steps) finds the machine still busy and ends after its own three slow steps
-    assert used == [4] * 3 + [1] * 160 + [1] * 5 + [4] * 4 + [1] * 8
+    # one 160x slower step, then one thread; the probe a quarter of the wait later (5 s, 160
+    # steps) finds the machine still busy and ends after its untimed step and one slow one
+    assert used == [4] + [1] * 160 + [1] * 5 + [4] * 2 + [1] * 12
     machine.times[4] = FAST  # it ends: the next probe (40 s, 1,280 steps, later) finds out
     used = machine.drive(g, 1400)
     assert used[-1] == 4
@@ -82,24 +87,40 @@ def test_contention_while_running_drops_to_one_thread_then_reprobes() -> None:
 
 def test_a_busy_machine_is_probed_ever_more_rarely() -> None:
     machine = Machine(one=ONE, many=SLOW)
-    used = machine.drive(governor(machine), 1000)
+    used = machine.drive(governor(machine), 1500)
     starts = [t for t, threads in enumerate(used) if threads == 4 and used[t - 1] == 1]
     lengths = [len(list(g)) for k, g in itertools.groupby(used) if k == 4]
-    assert lengths == [4] * len(starts)  # each probe: one untimed step and three slow ones
-    # waits of 4, 8, 16 s (128, 256, 512 one-thread steps), the 5 steps of each one-thread
-    # probe and the 4 of each many-thread probe
-    assert [b - a for a, b in itertools.pairwise(starts)] == [137, 265, 521]
+    assert lengths == [2] * len(starts)  # each probe: one untimed step and one slow one
+    # The waits: the probe's cost over probe_share (5.19 s / 0.5, then 5.16 s / 0.5: 332 and
+    # 330 one-thread steps), then the doubled wait once it is longer (20.75 s, 664 steps);
+    # plus the 5 steps of each one-thread probe and the 2 of each many-thread probe.
+    assert [b - a for a, b in itertools.pairwise(starts)] == [339, 671]
 
 
 def test_a_single_slow_step_is_not_contention() -> None:
     machine = Machine(one=ONE, many=FAST)
     g = governor(machine, reprobe_seconds=100.0)
     machine.drive(g, 20)
-    for _ in range(5):  # a hiccup every other step: never three in a row
-        for seconds in (1.0, FAST):
+    # a hiccup every other step, 6.4x slow: never three in a row, and shorter than three
+    # steps at the 3x threshold
+    for _ in range(5):
+        for seconds in (0.1, FAST):
             g.before_step()
             g.after_step(seconds)
     assert g.threads == 4 and machine.applied == [1, 4]
+
+
+def test_a_busy_machine_costs_long_steps_little() -> None:
+    """Reinforcement-learning updates of 1.5 s that take 30 s on two threads of a shared
+    machine (an LSTM agent beside another run): the probe ends after one slow step, and the
+    next waits until the probe's cost (66 s) is 5% of the time."""
+    machine = Machine(one=1.5, many=30.0)
+    g = ThreadGovernor(4, set_threads=machine.set_threads)  # the defaults
+    used = machine.drive(g, 1000)
+    runs = [(k, len(list(group))) for k, group in itertools.groupby(used)]
+    # 1 untimed and 3 timed one-thread steps; 1 untimed and 1 slow many-thread step; 1320 s
+    # (880 steps) of one thread and the next one-thread probe's 3
+    assert runs[:3] == [(1, 4), (4, 2), (1, 883)]
 
 
 def test_long_steps_probe_by_time() -> None:

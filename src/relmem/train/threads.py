@@ -11,16 +11,19 @@ behaves the same for 30 ms steps and for 5 s reinforcement-learning steps:
 1. **probe**: time steps with one thread, then with every core, ``probe_steps`` of each or,
    for long steps, as many as fill ``probe_seconds`` (at least three); the faster median step
    time wins. The first step after a change of thread count is not timed (the first
-   many-thread step starts the thread pool). ``patience`` consecutive many-thread steps slower
-   than ``slowdown`` times the one-thread median end the probe at once: another process holds
-   a core.
-2. **run**: train with the winner; ``patience`` consecutive many-thread steps slower than
-   ``slowdown`` times the probe's median drop to one thread. A lone slow step (the OS ran
-   something else for a moment) does neither.
+   many-thread step starts the thread pool). Contention, another process holding a core, ends
+   the probe at once: many-thread steps slower than ``slowdown`` times the one-thread median,
+   ``patience`` of them in a row, or fewer in a row that already took longer than ``patience``
+   such steps would (one 20-times-slower step of a 1.5 s reinforcement-learning update is
+   contention; waiting for two more would cost a minute).
+2. **run**: train with the winner; contention by the same rule, against the probe's median,
+   drops to one thread. A lone slow step (the OS ran something else for a moment) does
+   neither.
 3. **probe again** after a wait, the machine's load changes: ``reprobe_seconds`` of steps, or
    long enough that probing takes at most ``probe_share`` of the time; a quarter of that after
-   a drop. Each probe that ends in contention doubles the wait (up to 16 times), so a machine
-   that stays busy pays for a few slow steps ever more rarely.
+   a drop. Each probe that ends in contention doubles the wait (up to 16 times), and makes it
+   at least that probe's own cost over ``probe_share``, so a machine that stays busy pays for a
+   few slow steps ever more rarely, and never more than about ``probe_share`` of its time.
 
 The thread count changes the last bits of reductions and matrix products, so a run with
 ``auto`` is not bit-reproducible (a fixed ``--cpu-threads N`` is).
@@ -95,6 +98,7 @@ class ThreadGovernor:
         self._one_median = float("inf")
         self._reference = float("inf")  # the chosen setting's median step time
         self._slow = 0  # consecutive slow many-thread steps
+        self._slow_seconds = 0.0  # and their total time
         self._settling = False  # the step just taken was the first at a new thread count
         self._clock = 0.0  # seconds of steps seen
         self._probe_start = 0.0  # the clock when the current or last probe started
@@ -134,7 +138,9 @@ class ThreadGovernor:
                 self._one_median = statistics.median(self._times)
                 self._phase, self._times = "probe_many", []
         elif self._contended(seconds, self._one_median):
-            self._base_wait = min(2 * self._base_wait, 16 * self.reprobe_seconds)
+            spent = self._clock - self._probe_start
+            doubled = min(2 * self._base_wait, 16 * self.reprobe_seconds)
+            self._base_wait = max(doubled, spent / self.probe_share)
             self._decide(1, self._one_median, self._base_wait)
         elif self._probe_done():
             many_median = statistics.median(self._times)
@@ -151,13 +157,18 @@ class ThreadGovernor:
         return timed >= self.probe_steps or long_enough
 
     def _contended(self, seconds: float, reference: float) -> bool:
-        """Whether this is the ``patience``-th slow many-thread step in a row."""
-        slow = self.threads > 1 and seconds > self.slowdown * reference
-        self._slow = self._slow + 1 if slow else 0
-        return self._slow >= self.patience
+        """Whether the slow many-thread steps in a row, this one included, are ``patience``
+        steps or took longer than ``patience`` steps at the slow threshold."""
+        threshold = self.slowdown * reference
+        if self.threads > 1 and seconds > threshold:
+            self._slow, self._slow_seconds = self._slow + 1, self._slow_seconds + seconds
+        else:
+            self._slow, self._slow_seconds = 0, 0.0
+        return self._slow >= self.patience or self._slow_seconds > self.patience * threshold
 
     def _decide(self, threads: int, median: float, wait: float) -> None:
         """Run with ``threads`` (median step ``median``) and probe again after ``wait``."""
-        self._phase, self._times, self._reference, self._slow = "run", [], median, 0
+        self._phase, self._times, self._reference = "run", [], median
+        self._slow, self._slow_seconds = 0, 0.0
         self._next_probe = self._clock + wait
         self._use(threads)
