@@ -80,8 +80,13 @@ def _cpu(task: Any) -> TrainConfig:
         model="rmc",
         rmc=RMCModelConfig(mem_slots=2, head_size=32, num_heads=2, gate_style="memory"),
         lstm=LSTMModelConfig(hidden_size=128),
-        optim=OptimConfig(lr=1e-3, grad_clip=40.0),
-        steps=100_000,
+        # At a fixed 1e-3, single updates late in a run threw solved BoxWorld policies back to
+        # 0-77% of the validation levels (one optimiser step could move the policy past a KL of
+        # 0.045, and an early stop on the KL did not prevent it), and Mini PacMan ended three
+        # runs of four below its best; with the decay the solved policies held and Mini
+        # PacMan's returns rose (benchmarks/results/rl/cpu_presets.md)
+        optim=OptimConfig(lr=1e-3, grad_clip=40.0, schedule="cosine"),
+        steps=600,  # about what the 2-core VM makes in 20 minutes: the rate's decay ends there
         batch_size=64,
         time_limit_min=20.0,
         eval_every=50,
@@ -111,13 +116,7 @@ def boxworld_cpu() -> TrainConfig:
         num_backward=0,
         observation="full",
     )
-    config = _cpu(task)
-    # At a fixed 1e-3, single updates late in a run threw solved policies back to 0-77% of
-    # the validation levels (one optimiser step could move the policy past a KL of 0.045, and
-    # an early stop on the KL did not prevent it); with the decay the solved policies held
-    # (benchmarks/results/rl/cpu_presets.md)
-    config.optim.schedule, config.steps = "cosine", 600
-    return config
+    return _cpu(task)
 
 
 @register_preset("boxworld", "paper")
@@ -141,8 +140,9 @@ def boxworld_paper() -> TrainConfig:
 @register_preset("minipacman", "cpu", default=True)
 def minipacman_cpu() -> TrainConfig:
     """The default: Mini PacMan ``regular`` with the 5x5 viewport, PPO on 64 environments x 40
-    steps (the BoxWorld ``cpu`` preset's learner and cores, the value loss weighted 0.1), 20
-    minutes on both CPU threads while they pay (``--cpu-threads auto``).
+    steps (the BoxWorld ``cpu`` preset's learner, rate schedule and cores, the value loss
+    weighted 0.1), 600 steps or 20 minutes on both CPU threads while they pay
+    (``--cpu-threads auto``).
 
     The viewport, not the full 15 x 19 maze: the RMC reads one input row per cell, and 285
     rows make it train about ten times slower per frame than 25 (about 130 against 1,400
