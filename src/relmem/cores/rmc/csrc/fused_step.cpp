@@ -1004,6 +1004,11 @@ struct Sequence : public torch::autograd::Function<Sequence> {
     const auto options = v[0].options();
     const Tensor dmemories = grads[0];
     const Tensor dhiddens = output_gate ? grads[1] : Tensor();
+    // The initial state's gradient only where it is wanted (a cell's or a segment's initial
+    // state often is a constant): step 0 then skips the products that make it alone.
+    // Edge 0 is memory0 and edge 1 hidden0, which is an input only with the output gate.
+    const bool want_memory0 = ctx->needs_input_grad(0);
+    const bool want_recurrent0 = output_gate ? ctx->needs_input_grad(1) : want_memory0;
     // Undefined is zero throughout: the gradients are made by their first use. Every step
     // writes its slice of dx (when the first block reads x_t), dz and dgate_x.
     tensor_list dw(layout.weights);
@@ -1026,7 +1031,7 @@ struct Sequence : public torch::autograd::Function<Sequence> {
         if (!dgate_x.defined()) dgate_x = at::empty({steps, batch, g[1].size(1)}, options);
         dgate_x[t].copy_(g[1]);
         add_weight_grad(dw[layout.weights - 1], g[0], recurrent);
-        d_rec = project_back(g[0], v[layout.weights - 1]);
+        if (t > 0 || want_recurrent0) d_rec = project_back(g[0], v[layout.weights - 1]);
         d_rows = g[2];
         d_memory_prev = g[3];
       } else {
@@ -1067,7 +1072,10 @@ struct Sequence : public torch::autograd::Function<Sequence> {
                                               heads, key, value);
         for (int64_t i = 0; i < 5; ++i) accumulate(dw[w + 1 + i], a[3 + i]);  // b, γ, β, γ, β
         add_weight_grad(dw[w], a[0], gemm_in);
-        const Tensor d_gemm_in = project_back(a[0], v[w]);
+        // With hoisted input rows, block 1's GEMM read m_{t-1} alone.
+        const bool reads_memory0_only = t == 0 && k == 0 && hoisted[k];
+        const Tensor d_gemm_in =
+            reads_memory0_only && !want_memory0 ? Tensor() : project_back(a[0], v[w]);
         if (hoisted[k]) {
           if (!dz[k].defined()) dz[k] = at::empty({steps, batch, inputs, z_in.size(2)}, options);
           dz[k][t].copy_(a[1]);
@@ -1093,7 +1101,7 @@ struct Sequence : public torch::autograd::Function<Sequence> {
         dx[t].copy_(d_in_rows);
       }
       if (layout.gated) {
-        if (!output_gate && t == 0) {  // the recurrent input was tanh(m_0)
+        if (!output_gate && t == 0 && d_rec.defined()) {  // the recurrent input was tanh(m_0)
           accumulate(d_memory_prev, tanh_tensor_backward(v[layout.gates(0)], d_rec));
         }
         d_recurrent = d_rec;
@@ -1101,7 +1109,8 @@ struct Sequence : public torch::autograd::Function<Sequence> {
       d_memory = d_memory_prev;
     }
     // One gradient per input, in forward()'s order (the list inputs flattened).
-    tensor_list out{d_memory, output_gate ? d_recurrent : Tensor(), dx};
+    tensor_list out{want_memory0 ? d_memory : Tensor(),
+                    output_gate && want_recurrent0 ? d_recurrent : Tensor(), dx};
     for (int64_t k = 0; k < blocks; ++k) {
       if (hoisted[k]) out.push_back(dz[k]);
     }
