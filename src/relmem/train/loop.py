@@ -18,6 +18,7 @@ and writes the summary:
 from __future__ import annotations
 
 import contextlib
+import gc
 import signal
 import sys
 import threading
@@ -130,6 +131,12 @@ def run(
     finally:
         if trainer is not None:
             trainer.release()
+        # The DDP wrapper's reducer holds the process group: free it first, so that
+        # destroy_process_group joins gloo's threads now and not during interpreter exit, where
+        # a group still alive can abort the process after a finished run.
+        trainer = None
+        if info.enabled:
+            gc.collect()
         shutdown_distributed()
 
 
