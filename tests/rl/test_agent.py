@@ -79,12 +79,15 @@ def test_the_step_after_an_episode_end_equals_a_fresh_module(model: str) -> None
 
 def exact_states(core: RecurrentCoreModule, starts: torch.Tensor) -> torch.Tensor:
     """``bool [B, T]``: where recurrent mode writes the exact next state: everywhere with
-    ``'steps'`` or for the RMC, else at each segment's last step (before a reset, and T - 1)."""
+    ``'steps'`` or for the RMC, else at the last step of each sequence call and at T - 1:
+    before any row's reset (``'segments'``), before the row's own (``'episodes'``)."""
     if core.recurrent_impl == "steps" or isinstance(core, RMCModule):
         return torch.ones_like(starts)
-    ends = torch.ones(starts.shape[1], dtype=torch.bool)
-    ends[:-1] = starts[:, 1:].any(0)
-    return ends.expand_as(starts)
+    ends = torch.ones_like(starts)
+    ends[:, :-1] = starts[:, 1:]
+    if core.recurrent_impl == "segments":
+        ends[:, :-1] = ends[:, :-1].any(0)
+    return ends
 
 
 @pytest.mark.parametrize("model", sorted(TINY))
@@ -143,12 +146,14 @@ RESETS = {  # (row, t) where is_init is set: t = 0, a time shared by two rows, t
 }
 
 
+@pytest.mark.parametrize("impl", ["segments", "episodes"])
 @pytest.mark.parametrize("resets", sorted(RESETS))
 @pytest.mark.parametrize("model", sorted(TINY))
-def test_segments_equal_steps(model: str, resets: str) -> None:
-    """Recurrent mode over segments equals the step-by-step reference: outputs, the next
-    states (every step for the RMC; each segment's last step otherwise, zeros elsewhere), and
-    the gradients of the inputs, the state at t = 0 and every parameter."""
+def test_sequence_calls_equal_steps(model: str, resets: str, impl: str) -> None:
+    """Recurrent mode over segments or over episodes equals the step-by-step reference:
+    outputs, the next states (every step for the RMC; the last step of each sequence call
+    otherwise, zeros elsewhere), and the gradients of the inputs, the state at t = 0 and
+    every parameter."""
     torch.manual_seed(0)
     agent = build_agent((3, 3, 2), 4, model, TINY[model])
     core = agent.core
@@ -170,7 +175,8 @@ def test_segments_equal_steps(model: str, resets: str) -> None:
     weights = {key: torch.randn_like(state0[key]) for key in state0}
     out_weights = torch.randn(batch, steps, core.core.output_size, dtype=torch.float64)
 
-    exact = exact_states(core, starts[..., 0])  # the default: 'segments'
+    core.recurrent_impl = impl
+    exact = exact_states(core, starts[..., 0])
 
     def run(impl: str) -> tuple[TensorDict, dict[str, torch.Tensor]]:
         core.recurrent_impl = impl
@@ -185,17 +191,17 @@ def test_segments_equal_steps(model: str, resets: str) -> None:
         return out, dict(zip(names, grads, strict=True))
 
     reference, reference_grads = run("steps")
-    segments, segment_grads = run("segments")
-    torch.testing.assert_close(segments["core_output"], reference["core_output"])
+    calls, call_grads = run(impl)
+    torch.testing.assert_close(calls["core_output"], reference["core_output"])
     for key in core.state_keys:
-        torch.testing.assert_close(segments["next", key][exact], reference["next", key][exact])
-        assert not segments["next", key][~exact].any()
+        torch.testing.assert_close(calls["next", key][exact], reference["next", key][exact])
+        assert not calls["next", key][~exact].any()
     for name, grad in reference_grads.items():
-        torch.testing.assert_close(segment_grads[name], grad, msg=name)
+        torch.testing.assert_close(call_grads[name], grad, msg=name)
 
 
 def test_recurrent_impl_is_checked() -> None:
-    with pytest.raises(ValueError, match="recurrent_impl must be one of 'segments', 'steps'"):
+    with pytest.raises(ValueError, match="recurrent_impl must be one of 'segments', 'episodes'"):
         ConvLSTMModule(25 * 26, recurrent_impl="loop")
 
 

@@ -206,9 +206,16 @@ def _build_core(
             )
         core_config = dataclasses.replace(core_config, height=grid[0], width=grid[1])
     core = entry.build(core_config, cells * features, None)
-    state_keys = ["h", "c"] if model == "lstm" else None
+    lstm = model == "lstm"
+    # The LSTM packs its episodes, so one call over all of them costs what the steps do; cut
+    # at every reset of any row ('segments'), it ran one step at a time once episodes were
+    # short (docs/rl.md §3.2)
     module = RecurrentCoreModule(
-        core, input_key=EMBEDDING, output_key=CORE_OUTPUT, state_keys=state_keys
+        core,
+        input_key=EMBEDDING,
+        output_key=CORE_OUTPUT,
+        state_keys=["h", "c"] if lstm else None,
+        recurrent_impl="episodes" if lstm else "segments",
     )
     return module, False
 

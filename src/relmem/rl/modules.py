@@ -13,11 +13,13 @@
   * **recurrent** (losses): the entries are ``[*B, T, ...]``; the state at ``t = 0`` is read
     from the data and the rows whose ``is_init`` is true at any ``t`` are reset there
     (several trajectories may be packed along ``T``). Outputs are ``[*B, T, O]`` and the
-    per-step new states ``[*B, T, *state]``. Two implementations (``recurrent_impl``):
+    per-step new states ``[*B, T, *state]``. Three implementations (``recurrent_impl``):
     ``'segments'`` (default) cuts ``T`` at every time where some row starts an episode and
-    runs the core's sequence call once per segment; ``'steps'``, the reference, calls the
-    core one step at a time. Outputs and gradients agree (tested). Per-step states: see
-    :class:`RecurrentCoreModule`.
+    runs the core's sequence call once per segment; ``'episodes'`` runs one sequence call
+    over every row's episodes, padded to a batch of their own with their lengths (for cores
+    whose ``lengths`` skip the padding, as the LSTM's packed sequences do); ``'steps'``, the
+    reference, calls the core one step at a time. Outputs and gradients agree (tested).
+    Per-step states: see :class:`RecurrentCoreModule`.
 
   The mode is ``torchrl.modules.recurrent_mode()`` when a ``set_recurrent_mode`` context is
   active, otherwise ``default_recurrent_mode``. :meth:`~RecurrentCoreModule.make_tensordict_primer`
@@ -116,16 +118,23 @@ class RecurrentCoreModule(TensorDictModuleBase):
         recurrent_impl: ``'segments'`` (default): recurrent mode cuts ``T`` at the distinct
             times ``t > 0`` where any row has ``is_init`` and runs the core's sequence call
             over each segment, from the initial state for the rows that start an episode at
-            the segment's first step and from the carried state for the others; ``'steps'``:
-            the reference, one core call per step.
+            the segment's first step and from the carried state for the others. With short
+            episodes nearly every step is a cut, and a core whose sequence call is one fused
+            op (the LSTM) loses it. ``'episodes'``: one sequence call over the S episodes
+            (or parts of episodes) that the B rows hold, as a batch ``[S, L, *in]`` padded to
+            the longest, L, with their ``lengths``; right for cores whose ``lengths`` skip
+            the padding (the LSTM packs its sequences), wasteful for cores that step through
+            it. ``'steps'``: the reference, one core call per step.
 
-    With ``'segments'`` the per-step states ``("next", key)`` are exact at every step when
-    :meth:`states_from_outputs` recovers them from the outputs (the RMC: its output is its
-    memory). Otherwise a sequence call returns only its final state, so they are exact at the
-    last step of every segment (the step before each reset, and ``t = T - 1``) and zero at the
-    other steps, as TorchRL's own ``LSTMModule`` writes them. TorchRL's losses and value
-    estimators read the state at ``t = 0`` only (``docs/rl.md`` §3.2); ``'steps'`` writes every
-    step's state for any core.
+    With ``'segments'`` and ``'episodes'`` the per-step states ``("next", key)`` are exact at
+    every step when :meth:`states_from_outputs` recovers them from the outputs (the RMC: its
+    output is its memory). Otherwise a sequence call returns only its final state, so they are
+    exact at the last step of every sequence call and zero at the other steps: with
+    ``'segments'`` the step before any row's reset, with ``'episodes'`` the step before the
+    row's own reset (as TorchRL's own ``LSTMModule`` writes them), and ``t = T - 1`` with
+    both. TorchRL's losses and value estimators read the state at ``t = 0`` only
+    (``docs/rl.md`` §3.2), :func:`relmem.rl.learners.write_values` the state after each
+    episode's last step; ``'steps'`` writes every step's state for any core.
 
     Attributes:
         state_keys: the state's keys; ``state_shapes``: each one's per-example shape.
@@ -143,7 +152,10 @@ class RecurrentCoreModule(TensorDictModuleBase):
     ) -> None:
         super().__init__()
         self.recurrent_impl = check_choice(
-            "recurrent_impl", recurrent_impl, ("segments", "steps"), owner=type(self).__name__
+            "recurrent_impl",
+            recurrent_impl,
+            ("segments", "episodes", "steps"),
+            owner=type(self).__name__,
         )
         self.core = core
         leaves, self._spec = pytree.tree_flatten(core.initial_state(1))
@@ -190,12 +202,17 @@ class RecurrentCoreModule(TensorDictModuleBase):
             for s, i in zip(state, initial, strict=True)
         ]
 
-    def _run(self, x: Tensor, state: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
-        """The core's sequence call: ``x [B, T, *in]`` -> ``(outputs [B, T, O], final state)``."""
+    def _run(
+        self, x: Tensor, state: list[Tensor], lengths: Tensor | None = None
+    ) -> tuple[Tensor, list[Tensor]]:
+        """The core's sequence call: ``x [B, T, *in]`` (``lengths [B]``: the valid steps of
+        each row, None: all) -> ``(outputs [B, T, O], the state after each row's last valid
+        step)``."""
         leaves: list[Any] = [None] * self._spec.num_leaves
         for position, tensor in zip(self._present, state, strict=True):
             leaves[position] = tensor
-        output, new_state = self.core(x, pytree.tree_unflatten(leaves, self._spec))
+        extra = {} if lengths is None else {"lengths": lengths}
+        output, new_state = self.core(x, pytree.tree_unflatten(leaves, self._spec), **extra)
         new_leaves = pytree.tree_leaves(new_state, is_leaf=lambda v: v is None)
         return output, [new_leaves[i] for i in self._present]
 
@@ -267,6 +284,51 @@ class RecurrentCoreModule(TensorDictModuleBase):
         stacked = [torch.cat(s, 1) for s in zip(*per_step, strict=True)]
         return torch.cat(outputs, 1), stacked
 
+    def run_episodes(
+        self, x: Tensor, state: list[Tensor], starts: Tensor
+    ) -> tuple[Tensor, list[Tensor]]:
+        """Recurrent mode over episodes: each row cut at its own resets, the S pieces padded
+        into one batch ``[S, L, *in]`` and run in one sequence call with their lengths.
+
+        Same arguments and returns as :meth:`run_steps`; the per-step states are exact where
+        :class:`RecurrentCoreModule` says.
+        """
+        rows, steps = starts.shape
+        opens = starts.clone()
+        opens[:, 0] = True  # every row's first piece, whether or not an episode starts there
+        flat = opens.flatten()  # [B·T]
+        begins = flat.nonzero().flatten()  # [S]: where each piece starts, as a flat index
+        ends = torch.cat([begins[1:], begins.new_tensor([rows * steps])])
+        lengths = ends - begins  # [S]
+        piece = flat.long().cumsum(0) - 1  # [B·T]: the piece of each step
+        offset = torch.arange(rows * steps, device=x.device) - begins[piece]  # its step there
+        shape = (len(begins), int(lengths.max()), *x.shape[2:])
+        padded = x.new_zeros(shape).index_put((piece, offset), x.flatten(0, 1))
+        # A row's first piece goes on from the stored state (reset if an episode starts at
+        # t = 0); every other piece starts an episode.
+        carried = self._reset(state, starts[:, 0])
+        initial = self.initial_state(len(begins), x.device)
+        first = begins % steps == 0  # [S]
+        row = begins // steps
+        piece_state = [
+            torch.where(first.view(-1, *([1] * (c.dim() - 1))), c[row], i.to(c.dtype))
+            for c, i in zip(carried, initial, strict=True)
+        ]
+        # Pieces that all fill the padded length (no row resets after t = 0) need no lengths
+        full = int(lengths.min()) == shape[1]
+        output, final = self._run(padded, piece_state, None if full else lengths)
+        outputs = output[piece, offset].view(rows, steps, -1)
+        recovered = self.states_from_outputs(outputs)
+        if recovered is None:  # exact at each piece's last step only
+            last = ends - 1
+            recovered = [
+                s.new_zeros(rows * steps, *s.shape[1:])
+                .index_put((last,), s)
+                .view(rows, steps, *s.shape[1:])
+                for s in final
+            ]
+        return outputs, recovered
+
     def _get(self, tensordict: TensorDictBase, key: str) -> Tensor:
         value = tensordict.get(key, None)
         if value is None:
@@ -304,7 +366,11 @@ class RecurrentCoreModule(TensorDictModuleBase):
             s.reshape(-1, steps, *shape)[:, 0]
             for s, shape in zip(states, self.state_shapes, strict=True)
         ]
-        run = self.run_segments if self.recurrent_impl == "segments" else self.run_steps
+        run = {
+            "segments": self.run_segments,
+            "episodes": self.run_episodes,
+            "steps": self.run_steps,
+        }[self.recurrent_impl]
         outputs, per_step = run(rows, state, starts)
         tensordict.set(self.output_key, outputs.reshape(*batch, steps, -1))
         pairs = zip(self.state_keys, self.state_shapes, per_step, strict=True)
