@@ -268,6 +268,73 @@ def test_sequence_hoisted_in_chunks_matches_reference(
     _compare(core, fast, inputs, state, 1e-10, lengths=torch.tensor([5, 0, 3]))
 
 
+@STEPS
+@pytest.mark.parametrize("fold", [True, False], ids=["fold", "no-fold"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_sequence_with_and_without_e13_matches_reference(
+    case: str, fold: bool, implementation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E13 (the input projection folded into the input rows' qkv) forced on wherever the
+    configuration allows it, and off, whatever the cost model picks; with lengths too."""
+    core = _build(torch.float64, **CASES[case])
+    cfg = core.config
+    allowed = not (cfg.query_rows == "all" and cfg.num_blocks > 1)
+    monkeypatch.setattr(fast_module, "fold_pays", lambda config, rows: fold and allowed)
+    inputs = _input(core, steps=4, batch=3, dtype=torch.float64)
+    state = _states(core, 3, torch.float64)
+    fast = _fast_copy(core, implementation)
+    _compare(core, fast, inputs, state, 1e-10)
+    _compare(core, fast, inputs, state, 1e-10, lengths=torch.tensor([4, 0, 2]))
+
+
+@STEPS
+@pytest.mark.parametrize(
+    "case", ["default", "no-gate", "agent-cpu", "output-gate", "query-memory-b2"]
+)
+def test_cell_with_e13_matches_reference(
+    case: str, implementation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cell's step folds too where the cost model says so (many input rows)."""
+    monkeypatch.setattr(fast_module, "fold_pays", lambda config, rows: True)
+    assert not (CASES[case].get("num_blocks", 1) > 1 and CASES[case].get("query_rows") != "memory")
+    torch.manual_seed(0)
+    ref = RelationalMemoryCell(
+        **{**BASE, **CASES[case]}, implementation="reference", dtype=torch.float64
+    )
+    _randomise(ref, torch.Generator().manual_seed(1))
+    fast = copy.deepcopy(ref)
+    fast.implementation = implementation
+    cfg = ref.config
+    rows = () if cfg.input_rows is None else (cfg.input_rows,)
+    inputs = torch.randn(3, *rows, cfg.input_size, dtype=torch.float64, requires_grad=True)
+    state = ref.initial_state(3)
+    memory = (state.memory + 0.3 * torch.randn_like(state.memory)).requires_grad_()
+    hidden = None if state.hidden is None else state.hidden.clone().requires_grad_()
+    results = []
+    for cell in (ref, fast):
+        cell.zero_grad(set_to_none=True)
+        output, new = cell(inputs, RMCState(memory, hidden))
+        wanted = [inputs, memory] + ([] if hidden is None else [hidden])
+        grads = torch.autograd.grad((output * output).sum(), [*wanted, *cell.parameters()])
+        results.append([output, new.memory, *grads])
+    for got, want in zip(results[1], results[0], strict=True):
+        _assert_close("cell", got, want, 1e-10)
+
+
+def test_fold_cost_model() -> None:
+    """E13 where the input rows are many and narrower than the memory rows; never where a
+    block reads the input rows themselves, nor off the CPU (not yet run on a GPU)."""
+    agent = _build(torch.float32, randomise=False, **CASES["agent-cpu"]).config  # F 26, M 64
+    assert fast_module.fold_pays(agent, torch.empty(4, 32, 64, 26))  # a hoisting chunk
+    assert fast_module.fold_pays(agent, torch.empty(64, 64, 26))  # a collector's cell step
+    assert not fast_module.fold_pays(agent, torch.empty(1, 1, 26))  # folding costs more
+    assert not fast_module.fold_pays(agent, torch.empty(4, 32, 64, 26, device="meta"))
+    wide = _build(torch.float32, randomise=False, input_size=64, mem_slots=2, head_size=8)
+    assert not fast_module.fold_pays(wide.config, torch.empty(50, 32, 1, 64))  # F = 64 > M = 16
+    both = _build(torch.float32, randomise=False, input_rows=2, num_blocks=2, query_rows="all")
+    assert not fast_module.fold_pays(both.config, torch.empty(50, 32, 2, 5))
+
+
 def test_hoist_chunk() -> None:
     """The RL agent's matrix-mode core at B = 32 hoists 4 steps at a time on the CPU; the
     vector-mode cores of ``relmem bench`` small and nth_farthest hoist their whole sequence."""
@@ -384,9 +451,12 @@ def test_input_erasure_is_bitwise_on_the_fast_path(implementation: str) -> None:
 
 def test_plan_lists_the_equivalences() -> None:
     core = RelationalMemory(192, 1, 192, 4, key_size=64, attention_mlp_layers=3)
-    assert fast_path_plan(core.config) == ["E1", "E2", "E3", "E4", "E5", "E6", "E7", "E10", "E12"]
+    plan = ["E1", "E2", "E3", "E4", "E5", "E6", "E7", "E10", "E12", "E13"]
+    assert fast_path_plan(core.config) == plan
     cell_plan = fast_path_plan(core.config, sequence=False)
-    assert cell_plan == ["E4", "E5", "E6", "E7"]
+    assert cell_plan == ["E4", "E5", "E6", "E7", "E13"]
+    two_blocks = RelationalMemory(5, 2, 4, 2, num_blocks=2).config  # query_rows='all'
+    assert "E13" not in fast_path_plan(two_blocks)
 
 
 def test_bf16_matmuls_on_cpu_within_bf16_tolerance() -> None:

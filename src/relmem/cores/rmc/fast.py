@@ -18,7 +18,8 @@ Two entry points:
   chunks of time steps (all T·B rows unless the hoisted rows would outgrow the cache,
   :func:`hoist_chunk`): E1 (input projection), E2 (the input-gate term, with every gate bias
   folded in), E3 (block 1's input-row qkv + LayerNorm, and every block's with
-  ``query_rows='memory'``). Lengths
+  ``query_rows='memory'``), and on a CPU E13 where it saves work (:func:`fold_pays`: the input
+  projection folded into those products, so that the projected rows are never formed). Lengths
   are applied once after the loop: outputs masked by one ``where``, the final state gathered
   from the stacked states at ``lengths - 1`` (E11/E12: the state of a finished example is never
   read again, so running it on is harmless). With grad mode on, an in-loop weight's gradient is
@@ -105,7 +106,9 @@ def fast_path_plan(config: RMCConfig, sequence: bool = True) -> list[str]:
     Returns:
         Equivalence ids such as ``['E1', 'E2', 'E3', 'E4', 'E5', 'E6']``. E10 is listed for
         every sequence; which weights it banks depends on the batch and the device
-        (:func:`deferral_pays`), so a CPU run may bank none of them.
+        (:func:`deferral_pays`), so a CPU run may bank none of them. E13 is listed where the
+        configuration allows it; whether a call folds depends on its rows and device
+        (:func:`fold_pays`).
     """
     plan = []
     if sequence:
@@ -121,6 +124,8 @@ def fast_path_plan(config: RMCConfig, sequence: bool = True) -> list[str]:
         plan.append("E7")
     if sequence:
         plan += ["E10", "E11" if config.output_gate else "E12"]
+    if not (config.query_rows == "all" and config.num_blocks > 1):
+        plan.append("E13")
     return plan
 
 
@@ -276,7 +281,7 @@ def recurrent_step(
     weights: _StepWeights,
     memory: Tensor,
     hidden: Tensor | None,
-    x: Tensor,
+    x: Tensor | None,
     z_inputs: tuple[Tensor | None, ...],
     gate_x: Tensor | None,
 ) -> tuple[Tensor, Tensor | None]:
@@ -287,7 +292,7 @@ def recurrent_step(
         weights: from :func:`_step_weights`.
         memory: ``[B, N, M]`` m_{t-1}.
         hidden: ``[B, N, M]`` h_{t-1} with ``output_gate``, else None.
-        x: ``[B, n, M]`` the projected input rows.
+        x: ``[B, n, M]`` the projected input rows, or None where no block reads them (E13).
         z_inputs: per block, the input rows' precomputed ``LN_qkv(x·W + b)`` ``[B, n, Q]``
             (E3), or None where the input rows must be processed inside the step.
         gate_x: ``[B, W]`` ``flat(x)·W_gx`` plus every gate bias (E2), or None (no gating).
@@ -300,11 +305,13 @@ def recurrent_step(
     last = len(weights.blocks) - 1
     for index, block in enumerate(weights.blocks):
         z_in = z_inputs[index]
+        full = spec.query_all and index < last  # blocks before the last update the input rows
+        if z_in is None or full:  # the step reads the input rows themselves
+            assert rows_in is not None, "E13 applies only where no block reads the input rows"
         if z_in is None:  # the input rows were updated by the previous block
             z = _qkv(torch.cat([rows_mem, rows_in], dim=1), block)  # [B, N+n, Q]
         else:
             z = torch.cat([_qkv(rows_mem, block), z_in], dim=1)  # [B, N+n, Q]
-        full = spec.query_all and index < last  # blocks before the last update the input rows
         # E4: the last block (and every block with query_rows='memory') updates memory rows only
         residual = torch.cat([rows_mem, rows_in], dim=1) if full else rows_mem  # [B, R_q, M]
         attended = _attend(z, residual.shape[1], spec.heads, spec.key, spec.value)
@@ -339,32 +346,81 @@ def _step_spec(config: RMCConfig) -> _StepSpec:
 
 
 class _Hoisted(NamedTuple):
-    """Input-only work for every step, computed in batched GEMMs (E1–E3)."""
+    """Input-only work for every step, computed in batched GEMMs (E1–E3, E13)."""
 
-    x: Tensor  # [T, B, n, M]
+    x: Tensor | None  # [T, B, n, M]; None with E13 (no step reads the projected rows)
     z_inputs: tuple[Tensor | None, ...]  # per block [T, B, n, Q] or None
     gate_x: Tensor | None  # [T, B, W]
+
+
+def fold_pays(config: RMCConfig, rows: Tensor) -> bool:
+    """Whether :func:`_hoist` folds the input projection into the input rows' qkv (E13).
+
+    With every block's input-row qkv hoisted (E3 for all blocks: ``query_rows='memory'``, or
+    one block) no step reads the projected input rows x = u·W_inᵀ + b_in, and their qkv
+    ``x·W_qkvᵀ + b_qkv`` is linear in the inputs u: ``u·(W_qkv·W_in)ᵀ + (W_qkv·b_in + b_qkv)``.
+    Multiplying the weights first costs Q·M·F once per call and saves (M − F)·Q per input row
+    (and x itself, F·M per row, without gating; the gate term still reads x: folded too, its
+    float32 rounding moved a gate bias's gradient 2.5e-5 from float64's, against the
+    reference's 1.7e-5, for a saving of (M − F)·W per row). It pays when the inputs are
+    narrower than the memory rows (the RL agent's 26 features per cell against rows of 64
+    to 256) and the rows outnumber what folding costs.
+
+    Applied on the CPU only: no GPU has run it yet.
+
+    Args:
+        config: the core. rows: ``[..., n, F]`` the inputs of one hoisting call.
+    """
+    if rows.device.type != "cpu" or "E13" not in fast_path_plan(config, sequence=False):
+        return False
+    features, width = config.input_size, config.mem_size
+    qkv = config.qkv_size * config.num_blocks  # the hoisted qkv columns per row
+    count = rows.numel() // max(features, 1)  # input rows in this call
+    per_row_saved = (width - features) * qkv
+    if config.gate_style is None:
+        per_row_saved += features * width  # x is not formed
+    return count * per_row_saved > qkv * width * features
+
+
+def _raw(weight: Weight) -> Tensor:
+    """The tensor of a weight, banked (E10) or not."""
+    return weight.weight if isinstance(weight, _BankedWeight) else weight
 
 
 def _hoist(
     config: RMCConfig, weights: RMCWeights, step_weights: _StepWeights, rows: Tensor
 ) -> _Hoisted:
-    """E1 (projection), E2 (input-gate term), E3 (input-row qkv+LN where exact).
+    """E1 (projection), E2 (input-gate term), E3 (input-row qkv+LN where exact), E13 (the
+    projection folded into the input rows' qkv) where :func:`fold_pays`.
 
     Args:
         rows: ``[..., n, F]`` inputs of any leading shape (``[T, B]`` or ``[B]``).
     """
-    x = F.linear(rows, weights.input_w, weights.input_b)  # [..., n, M]
     blocks = step_weights.blocks
-    if config.query_rows == "memory":  # input rows never change: every block's qkv is hoistable
+    fold = fold_pays(config, rows)
+    x = None  # [..., n, M]; with E13 only the gate term reads it
+    if not fold or config.gate_style is not None:
+        x = F.linear(rows, weights.input_w, weights.input_b)
+    if fold:
+        z_inputs = tuple(_folded_qkv(rows, weights, block) for block in blocks)
+    elif config.query_rows == "memory":  # input rows never change: every block's qkv hoists
         z_inputs = tuple(_qkv(x, block) for block in blocks)
     else:  # only block 1 sees the raw x
         z_inputs = (_qkv(x, blocks[0]),) + (None,) * (len(blocks) - 1)
     gate_x = None
     if config.gate_style is not None:
         assert weights.input_gate_w is not None and step_weights.gate_bias is not None
+        assert x is not None
         gate_x = F.linear(x.flatten(-2), weights.input_gate_w, step_weights.gate_bias)  # [..., W]
     return _Hoisted(x, z_inputs, gate_x)
+
+
+def _folded_qkv(rows: Tensor, weights: RMCWeights, block: BlockWeights) -> Tensor:
+    """E13: the input rows' ``LN_qkv(x·W_qkvᵀ + b_qkv)`` from the inputs ``rows [..., n, F]``,
+    as ``LN(u·(W_qkv·W_in)ᵀ + (W_qkv·b_in + b_qkv))`` ``[..., n, Q]``."""
+    w_qkv = _raw(block.qkv_w)  # [Q, M]
+    bias = F.linear(weights.input_b, w_qkv, block.qkv_b)  # [Q]
+    return _layer_norm(F.linear(rows, w_qkv @ weights.input_w, bias), block.qkv_ln)
 
 
 HOIST_CHUNK_BYTES = 8 * 2**20
@@ -591,10 +647,10 @@ def _step_loop(
 ) -> tuple[Tensor, Tensor | None]:
     """One chunk's steps, one ``step_fn`` call each: ``([t, B, N, M] memories, hiddens or
     None)``."""
-    steps = hoisted.x.shape[0]
+    steps = _hoisted_steps(hoisted)
     # unbind, not indexing: the backward of x[t] would zero-fill a [t, ...] buffer per step
     # (quadratic in t); unbind's stacks the slices' gradients once.
-    xs = hoisted.x.unbind(0)
+    xs = (None,) * steps if hoisted.x is None else hoisted.x.unbind(0)
     zs = [(None,) * steps if z is None else z.unbind(0) for z in hoisted.z_inputs]
     gates = (None,) * steps if hoisted.gate_x is None else hoisted.gate_x.unbind(0)
     memories, hiddens = [], []
@@ -605,6 +661,13 @@ def _step_loop(
         if hidden is not None:
             hiddens.append(hidden)
     return torch.stack(memories), torch.stack(hiddens) if hiddens else None
+
+
+def _hoisted_steps(hoisted: _Hoisted) -> int:
+    """The time steps of a hoisting chunk (block 1's input-row qkv is always hoisted)."""
+    z = hoisted.z_inputs[0]
+    assert z is not None
+    return z.shape[0]
 
 
 def _join(chunks: list[Tensor]) -> Tensor:

@@ -824,7 +824,8 @@ tensor_list gate_update(const Tensor& pre, const Tensor& gate_x, const Tensor& r
 // The weights come flat: per block qkv_w [Q, M], qkv_b [Q], LN_qkv γ, β [Q], LN_attn γ, β [M],
 // LN_mlp γ, β [M], then (W [M, M], b [M]) per MLP layer; then the memory-gate weight [W, M]
 // when gated. z_inputs holds the hoisted input-row qkv [T, B, n, Q] of the blocks flagged in
-// `hoisted`, in block order.
+// `hoisted`, in block order. x, the projected input rows [T, B, n, M], may be absent when no
+// block reads them (every block hoisted, none updating the input rows: E13 in fast.py).
 
 constexpr int64_t kBlockTensors = 8;
 
@@ -887,13 +888,17 @@ struct SequenceLayout {
 // The steps; with `saved`, also what the backward needs (SequenceLayout's order). Returns the
 // memories [T, B, N, M] and, with the output gate, the hidden states.
 tensor_list sequence_forward(const Tensor& memory0, const std::optional<Tensor>& hidden0,
-                             const Tensor& x, at::TensorList z_inputs,
+                             const std::optional<Tensor>& x_in, at::TensorList z_inputs,
                              const std::optional<Tensor>& gate_x, at::TensorList weights,
                              at::IntArrayRef hoisted, int64_t heads, int64_t key, int64_t value,
                              int64_t gate, bool query_all, bool output_gate, int64_t layers,
                              tensor_list* saved) {
   check_cpu(memory0, "memory");
-  const int64_t steps = x.size(0), slots = memory0.size(1);
+  const Tensor x = x_in.has_value() ? *x_in : Tensor();
+  TORCH_CHECK(x.defined() || !z_inputs.empty(),
+              "relmem sequence: without x, block 1's input rows must come hoisted");
+  const int64_t steps = x.defined() ? x.size(0) : z_inputs[0].size(0);
+  const int64_t slots = memory0.size(1);
   const int64_t blocks = static_cast<int64_t>(hoisted.size());
   const bool gated = gate_x.has_value() && gate_x->defined();
   const int64_t per_block = kBlockTensors + 2 * layers;
@@ -912,12 +917,14 @@ tensor_list sequence_forward(const Tensor& memory0, const std::optional<Tensor>&
   Tensor recurrent;  // the gate GEMM's input: h_{t-1} with the output gate, else tanh(m_{t-1})
   if (gated) recurrent = output_gate ? *hidden0 : tanh_tensor(memory0);
   for (int64_t t = 0; t < steps; ++t) {
-    Tensor rows_mem = memory, rows_in = x[t];
+    Tensor rows_mem = memory, rows_in = x.defined() ? x[t] : Tensor();
     int64_t next_z = 0;
     for (int64_t k = 0; k < blocks; ++k) {
       const Tensor* w = weights.data() + k * per_block;
       const bool full = query_all && k < blocks - 1;  // the block updates the input rows too
       const Tensor z = hoisted[k] ? z_inputs[next_z++][t] : Tensor();
+      TORCH_CHECK(rows_in.defined() || (z.defined() && !full),
+                  "relmem sequence: block ", k, " reads the input rows, and x was not given");
       const Tensor joined = full || !z.defined() ? at::cat({rows_mem, rows_in}, 1) : Tensor();
       const Tensor gemm_in = z.defined() ? rows_mem : joined;
       const Tensor y = project(gemm_in, w[0]);
@@ -961,7 +968,7 @@ tensor_list sequence_forward(const Tensor& memory0, const std::optional<Tensor>&
 
 struct Sequence : public torch::autograd::Function<Sequence> {
   static tensor_list forward(AutogradContext* ctx, const Tensor& memory0,
-                             const std::optional<Tensor>& hidden0, const Tensor& x,
+                             const std::optional<Tensor>& hidden0, const std::optional<Tensor>& x,
                              at::TensorList z_inputs, const std::optional<Tensor>& gate_x,
                              at::TensorList weights, at::IntArrayRef hoisted, int64_t heads,
                              int64_t key, int64_t value, int64_t gate, bool query_all,
@@ -972,7 +979,11 @@ struct Sequence : public torch::autograd::Function<Sequence> {
                                        &saved);
     ctx->save_for_backward(saved);
     ctx->saved_data["hoisted"] = hoisted.vec();
-    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    // [T, B, n, M]: x's sizes, or what they would be (x may be absent)
+    const bool has_x = x.has_value() && x->defined();
+    const Tensor& z0 = has_x ? *x : z_inputs[0];
+    ctx->saved_data["x_sizes"] =
+        std::vector<int64_t>{z0.size(0), z0.size(1), z0.size(2), memory0.size(2)};
     ctx->saved_data["slots"] = memory0.size(1);
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["key"] = key;
@@ -1121,7 +1132,8 @@ struct Sequence : public torch::autograd::Function<Sequence> {
   }
 };
 
-tensor_list sequence(const Tensor& memory, const std::optional<Tensor>& hidden, const Tensor& x,
+tensor_list sequence(const Tensor& memory, const std::optional<Tensor>& hidden,
+                     const std::optional<Tensor>& x,
                      at::TensorList z_inputs, const std::optional<Tensor>& gate_x,
                      at::TensorList weights, at::IntArrayRef hoisted, int64_t heads, int64_t key,
                      int64_t value, int64_t gate, bool query_all, bool output_gate,
@@ -1129,7 +1141,7 @@ tensor_list sequence(const Tensor& memory, const std::optional<Tensor>& hidden, 
   // Without a gradient to make, nothing is kept for a backward (inference holds one step's
   // tensors at a time, not the sequence's).
   const auto needs_grad = [](const Tensor& t) { return t.defined() && t.requires_grad(); };
-  bool grad = needs_grad(memory) || needs_grad(x) || (hidden && needs_grad(*hidden)) ||
+  bool grad = needs_grad(memory) || (x && needs_grad(*x)) || (hidden && needs_grad(*hidden)) ||
               (gate_x && needs_grad(*gate_x));
   for (const Tensor& t : z_inputs) grad = grad || needs_grad(t);
   for (const Tensor& t : weights) grad = grad || needs_grad(t);
@@ -1154,7 +1166,7 @@ TORCH_LIBRARY(relmem_fused, m) {
       "gate_update(Tensor pre, Tensor gate_x, Tensor rows, Tensor memory, int gate, "
       "bool output_gate) -> Tensor[]");
   m.def(
-      "sequence(Tensor memory, Tensor? hidden, Tensor x, Tensor[] z_inputs, Tensor? gate_x, "
+      "sequence(Tensor memory, Tensor? hidden, Tensor? x, Tensor[] z_inputs, Tensor? gate_x, "
       "Tensor[] weights, int[] hoisted, int heads, int key, int value, int gate, bool query_all, "
       "bool output_gate, int mlp_layers) -> Tensor[]");
 }
