@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from relmem.benchmarking.baselines import floor_products
 from relmem.benchmarking.configs import CONFIGS, FLOOR, PORT
 from relmem.benchmarking.port import PortCore, file_sha256, load_port_class, port_arguments
 from relmem.commands.bench import main, parse
@@ -54,6 +55,12 @@ def test_matmul_floor_times_the_loop_and_hoisted_weight_products() -> None:
         (4, 128, 256),
     ]
     assert [tuple(p) for p in products["hoisted"]] == [(1, 32, 128), (1, 128, 384), (1, 128, 256)]
+    # E13: the input row's qkv from the 32 inputs; the projection stays for the gate term
+    folded = fast_path_products(RMCConfig(**SMALL), folded=True)
+    assert folded["loop"] == products["loop"]
+    assert [tuple(p) for p in folded["hoisted"]] == [(1, 32, 128), (1, 32, 384), (1, 128, 256)]
+    cpu = floor_products(RMCConfig(**SMALL), 50, 32, torch.device("cpu"))
+    assert cpu == folded  # the bench's small shape folds on the CPU
 
 
 def tiny_run(out: Path, steps: int, *extra: str) -> list[str]:

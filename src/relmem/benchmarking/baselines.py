@@ -9,7 +9,18 @@ import torch
 from torch import Tensor
 
 from relmem.cores.rmc import RMCConfig, fast_path_products
-from relmem.cores.rmc.fast import Product
+from relmem.cores.rmc.fast import Product, fold_pays, hoist_chunk
+
+
+def floor_products(
+    config: RMCConfig, steps: int, batch: int, device: torch.device
+) -> dict[str, list[Product]]:
+    """:func:`fast_path_products` as the fast path runs them on ``[steps, batch]`` inputs on
+    ``device``: folded (E13) where its hoisting chunks fold."""
+    n, features = config.num_input_rows, config.input_size
+    rows = torch.empty((), device=device).expand(steps, batch, n, features)
+    chunk = rows[: hoist_chunk(config, rows)]
+    return fast_path_products(config, folded=fold_pays(config, chunk))
 
 
 def matmul_floor_passes(
@@ -23,7 +34,7 @@ def matmul_floor_passes(
     per weight one ``dYᵀ·X`` over all T·B rows (E10's arrangement, the fewest GEMM calls).
     No autograd, no LayerNorm, softmax, gates or copies.
     """
-    products = fast_path_products(config)
+    products = floor_products(config, steps, batch, device)
     generator = torch.Generator().manual_seed(0)
 
     def rand(*shape: int) -> Tensor:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from relmem.benchmarking.baselines import (
+    floor_products,
     lstm_hidden_for_params,
     lstm_step_flops,
     matmul_floor_passes,
@@ -22,7 +23,6 @@ from relmem.cores.rmc import (
     FastRelationalMemory,
     RelationalMemory,
     fast_path_plan,
-    fast_path_products,
     step_flops,
 )
 from relmem.cores.rmc.fused import load_fused_ops
@@ -159,7 +159,7 @@ def run_config(
             if impl not in ("reference", PORT):
                 record["equivalences"] = fast_path_plan(rmc_config)
             if impl == FLOOR:
-                products = fast_path_products(rmc_config)
+                products = floor_products(rmc_config, steps, batch, device)
                 record["products"] = {k: [p._asdict() for p in v] for k, v in products.items()}
         records.append(record)
         print(progress_row(record), flush=True)

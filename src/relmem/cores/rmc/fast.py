@@ -691,8 +691,13 @@ class Product(NamedTuple):
         return 2 * self.rows * self.inputs * self.outputs
 
 
-def fast_path_products(config: RMCConfig) -> dict[str, list[Product]]:
+def fast_path_products(config: RMCConfig, folded: bool = False) -> dict[str, list[Product]]:
     """The matmuls of the fast path, per example and step.
+
+    Args:
+        config: the core.
+        folded: with E13 (:func:`fold_pays`): the input rows' qkv straight from the inputs,
+            and the projection only where the gate term reads it.
 
     Returns:
         ``loop``: the weight matmuls inside the time loop, run once per step; ``attention``:
@@ -715,8 +720,13 @@ def fast_path_products(config: RMCConfig) -> dict[str, list[Product]]:
         loop.append(Product(qkv_rows, m, q))
         attention.append(Product(query_rows, n_slots + n_in, heads))
         loop += [Product(query_rows, m, m)] * layers
-    hoisted = [Product(n_in, config.input_size, m)]
-    hoisted += [Product(n_in, m, q)] * (blocks if config.query_rows == "memory" else 1)
+    hoisted_blocks = blocks if config.query_rows == "memory" else 1
+    if folded:
+        hoisted = [Product(n_in, config.input_size, q)] * hoisted_blocks
+        if config.gate_style is not None:
+            hoisted.insert(0, Product(n_in, config.input_size, m))
+    else:
+        hoisted = [Product(n_in, config.input_size, m)] + [Product(n_in, m, q)] * hoisted_blocks
     if config.gate_style is not None:
         loop.append(Product(n_slots, m, gates))
         hoisted.append(Product(1, n_in * m, gates))
