@@ -420,7 +420,12 @@ def _folded_qkv(rows: Tensor, weights: RMCWeights, block: BlockWeights) -> Tenso
     as ``LN(u·(W_qkv·W_in)ᵀ + (W_qkv·b_in + b_qkv))`` ``[..., n, Q]``."""
     w_qkv = _raw(block.qkv_w)  # [Q, M]
     bias = F.linear(weights.input_b, w_qkv, block.qkv_b)  # [Q]
-    return _layer_norm(F.linear(rows, w_qkv @ weights.input_w, bias), block.qkv_ln)
+    # One GEMM over the rows made 2-D (a copy of F columns where rows is a strided view): on
+    # such a view F.linear would broadcast the weight into a bmm, 30x slower at the RL
+    # agent's [1, 2560, 64, 26].
+    flat = rows.reshape(-1, rows.shape[-1])  # [rows, F]
+    folded = torch.addmm(bias, flat, (w_qkv @ weights.input_w).t())  # [rows, Q]
+    return _layer_norm(folded.view(*rows.shape[:-1], -1), block.qkv_ln)
 
 
 HOIST_CHUNK_BYTES = 8 * 2**20
