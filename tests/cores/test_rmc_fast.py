@@ -297,28 +297,7 @@ def test_cell_with_e13_matches_reference(
     """A cell's step folds too where the cost model says so (many input rows)."""
     monkeypatch.setattr(fast_module, "fold_pays", lambda config, rows: True)
     assert not (CASES[case].get("num_blocks", 1) > 1 and CASES[case].get("query_rows") != "memory")
-    torch.manual_seed(0)
-    ref = RelationalMemoryCell(
-        **{**BASE, **CASES[case]}, implementation="reference", dtype=torch.float64
-    )
-    _randomise(ref, torch.Generator().manual_seed(1))
-    fast = copy.deepcopy(ref)
-    fast.implementation = implementation
-    cfg = ref.config
-    rows = () if cfg.input_rows is None else (cfg.input_rows,)
-    inputs = torch.randn(3, *rows, cfg.input_size, dtype=torch.float64, requires_grad=True)
-    state = ref.initial_state(3)
-    memory = (state.memory + 0.3 * torch.randn_like(state.memory)).requires_grad_()
-    hidden = None if state.hidden is None else state.hidden.clone().requires_grad_()
-    results = []
-    for cell in (ref, fast):
-        cell.zero_grad(set_to_none=True)
-        output, new = cell(inputs, RMCState(memory, hidden))
-        wanted = [inputs, memory] + ([] if hidden is None else [hidden])
-        grads = torch.autograd.grad((output * output).sum(), [*wanted, *cell.parameters()])
-        results.append([output, new.memory, *grads])
-    for got, want in zip(results[1], results[0], strict=True):
-        _assert_close("cell", got, want, 1e-10)
+    _check_cell(case, implementation)
 
 
 def test_fold_cost_model() -> None:
@@ -387,6 +366,12 @@ def test_packed_and_batch_first_match_reference() -> None:
 )
 @STEPS
 def test_cell_matches_reference(case: str, implementation: str) -> None:
+    _check_cell(case, implementation)
+
+
+def _check_cell(case: str, implementation: str) -> None:
+    """One step of the ``case`` cell, reference vs ``implementation``: output, new state and
+    every gradient (input, state, parameters), float64 at 1e-10."""
     torch.manual_seed(0)
     ref = RelationalMemoryCell(
         **{**BASE, **CASES[case]}, implementation="reference", dtype=torch.float64
