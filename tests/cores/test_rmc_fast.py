@@ -512,6 +512,21 @@ def test_deferred_weight_grads_with_autograd_grad_and_retain_graph() -> None:
     _assert_close("accumulated twice", grads[1][1], 2 * grads[1][0], 1e-10)
 
 
+@pytest.mark.parametrize("keys", [2, 5])  # E7's two-key sigmoid, and SDPA
+def test_attention_stays_float32_under_autocast(keys: int) -> None:
+    """``docs/rmc.md`` §10: with bf16 matmuls the softmax stays fp32. Under autocast the fast
+    step's attention equals the float32 attention of the same (bf16) qkv rows, where SDPA left
+    to autocast would round its scores, weights and output to bf16 (~1e-2 away)."""
+    heads, key, value = 2, 4, 3
+    torch.manual_seed(0)
+    z = torch.randn(3, keys, heads * (2 * key + value)).bfloat16()
+    want = fast_module._attend(z.float(), keys - 1, heads, key, value)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = fast_module._attend(z, keys - 1, heads, key, value)
+    assert got.dtype == torch.float32
+    _assert_close("attention under autocast", got, want, 1e-6)
+
+
 def test_auto_under_user_autocast_matches_reference() -> None:
     """A caller's own autocast region: the default (fast) path still runs and agrees."""
     core = _build(torch.float32, randomise=False)

@@ -41,6 +41,7 @@ M = H·D, Q = H·(2K + D), W = (2 or 3)·g gate columns.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any, NamedTuple
 
 import torch
@@ -238,6 +239,11 @@ def _qkv(rows: Tensor, block: BlockWeights) -> Tensor:
     return _layer_norm(_linear(rows, block.qkv_w, block.qkv_b), block.qkv_ln)
 
 
+def _autocast_on(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` (False for types it does not know, 'meta')."""
+    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+
+
 def _attend(z: Tensor, num_queries: int, heads: int, key: int, value: int) -> Tensor:
     """Multi-head attention of the first ``num_queries`` rows over all rows.
 
@@ -250,6 +256,13 @@ def _attend(z: Tensor, num_queries: int, heads: int, key: int, value: int) -> Te
         ``[B, R_q, M]`` the heads' outputs concatenated per row (no output projection).
     """
     batch, rows, _ = z.shape
+    autocast = _autocast_on(z.device.type)
+    if autocast:
+        # Under autocast (FastRelationalMemory's matmul_dtype, a training run's bf16) the
+        # attention runs in float32, softmax included, as FastRelationalMemory documents;
+        # autocast would run SDPA wholly in bf16 (docs/performance.md §4.13). Over N + n keys
+        # its cost is small beside the GEMMs'.
+        z = z.float()
     z = z.view(batch, rows, heads, 2 * key + value).transpose(1, 2)  # [B, H, R, 2K+D]
     q, k, v = z.split([key, key, value], dim=-1)
     q = q[:, :, :num_queries]  # [B, H, R_q, K]
@@ -260,7 +273,8 @@ def _attend(z: Tensor, num_queries: int, heads: int, key: int, value: int) -> Te
         logit = (q * (k0 - k1).unsqueeze(2)).sum(-1, keepdim=True) * scale  # [B, H, R_q, 1]
         out = v1.unsqueeze(2) + torch.sigmoid(logit) * (v0 - v1).unsqueeze(2)  # [B, H, R_q, D]
     else:  # E6: the fused kernel, scale K^-1/2, no mask, no dropout
-        out = F.scaled_dot_product_attention(q, k, v, scale=scale)  # [B, H, R_q, D]
+        with torch.autocast(z.device.type, enabled=False) if autocast else nullcontext():
+            out = F.scaled_dot_product_attention(q, k, v, scale=scale)  # [B, H, R_q, D]
     return out.transpose(1, 2).reshape(batch, num_queries, heads * value)
 
 
@@ -592,7 +606,7 @@ def fast_sequence(
     spec = _step_spec(config)
     step_weights = _step_weights(config, weights)
     # Autocast would hand the deferred linears mixed dtypes; E10 is for full-precision runs.
-    autocast = torch.is_autocast_enabled(rows.device.type)
+    autocast = _autocast_on(rows.device.type)
     # E10's bank is Python state that a backward fills: a graph being traced (torch.compile,
     # torch.export) cannot hold it, and there the compiler schedules the weight GEMMs itself.
     traced = torch.compiler.is_compiling()
