@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from collections import deque
 
 import gymnasium as gym
@@ -22,6 +24,7 @@ from relmem.rl.envs.boxworld import (
     PALETTE,
     BoxWorld,
     BoxWorldEnv,
+    UnreachableDrawWarning,
     max_boxes,
 )
 
@@ -369,8 +372,36 @@ def test_bad_calls():
         BoxWorldEnv(render_mode="human")
 
 
-def test_unfit_values_warn_and_are_retried():
-    with pytest.warns(UserWarning, match=r"solution_length \[2\], num_forward \[1\] can never"):
+def test_unfit_values_warn_once_per_process():
+    """A run builds several environments with the same options: each message shows once per
+    process (a fresh interpreter), and a filter that makes it an error still raises."""
+    script = (  # three call sites, as in a run (Python's default filter shows one per site)
+        "import warnings\n"
+        "from relmem.rl.envs.boxworld import BoxWorld\n"
+        "options = dict(grid_size=6, solution_length=(1, 2), num_forward=(0, 1))\n"
+        "BoxWorld(4, seed=0, **options)\n"
+        "BoxWorld(4, seed=1, **options)\n"
+        "with warnings.catch_warnings():\n"  # as libraries do: it resets the per-site records
+        "    pass\n"
+        "BoxWorld(4, seed=2, **options)\n"
+        "BoxWorld(4, seed=0, grid_size=6, solution_length=(1, 3))\n"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stderr
+    assert shown.count("UnreachableDrawWarning") == 2, shown  # one per distinct message
+    assert shown.count("num_forward [1] can never") == 1, shown
+    errors = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-c", script], capture_output=True, text=True
+    )
+    assert errors.returncode != 0 and "UnreachableDrawWarning" in errors.stderr
+
+
+def test_unfit_values_warn_and_are_retried(monkeypatch):
+    monkeypatch.setattr("relmem.rl.envs.boxworld._ISSUED", set())  # as in a fresh process
+    with pytest.warns(
+        UnreachableDrawWarning, match=r"solution_length \[2\], num_forward \[1\] can never"
+    ):
         env = generate(200, 0, grid_size=6, solution_length=(1, 2), num_forward=(0, 1))
     info = env.info()
     assert (info["solution_length"] == 1).all() and (info["num_forward"] == 0).all()

@@ -22,7 +22,7 @@ from relmem.rl.envs.base import BatchedEnv, StepResult
 from relmem.rl.envs.gym_env import BatchedGymEnv
 from relmem.validation import check_choice, check_int
 
-__all__ = ["BoxWorld", "BoxWorldEnv", "Level", "PALETTE", "max_boxes"]
+__all__ = ["BoxWorld", "BoxWorldEnv", "Level", "PALETTE", "UnreachableDrawWarning", "max_boxes"]
 
 NUM_COLOURS = 20  # key/lock colours (docs/rl.md §1.2)
 BACKGROUND, BORDER, AGENT, GEM = 0, 1, 2, 3
@@ -149,6 +149,17 @@ def _choices(name: str, value: Any, minimum: int, owner: str) -> tuple[int, ...]
             f"them, got {value!r}"
         )
     return tuple(check_int(name, item, minimum, owner=owner) for item in items)
+
+
+class UnreachableDrawWarning(UserWarning):
+    """Values of a BoxWorld parameter that no level on the grid can hold (such draws are
+    retried, so they never appear)."""
+
+
+# The UnreachableDrawWarning messages this process has issued: a run builds several
+# environments with the same options (a probe, the training batch, the held-out levels), and
+# each would repeat it. (A "once" filter would not do: CPython keys it by the calling module.)
+_ISSUED: set[str] = set()
 
 
 class BoxWorld(BatchedEnv):
@@ -281,12 +292,14 @@ class BoxWorld(BatchedEnv):
                 dropped[name] = never
         if dropped:
             shown = ", ".join(f"{name} {values}" for name, values in dropped.items())
-            warnings.warn(
+            message = (
                 f"{owner}: with grid_size={self.grid_size} at most {room} items fit, so "
                 f"{shown} can never be drawn into a level (such draws are retried; see "
-                "info()['retries'])",
-                stacklevel=3,
+                "info()['retries'])"
             )
+            if message not in _ISSUED:
+                warnings.warn(message, UnreachableDrawWarning, stacklevel=3)
+                _ISSUED.add(message)  # after: a filter that raises it raises every time
 
     # ----- level generation (§1.3), one instance at a time -----
 
