@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 
 import pytest
@@ -137,6 +138,35 @@ def test_gradients_reach_every_parameter_and_initial_state(config):
     assert x.grad.abs().sum() > 0
     assert state.memory.grad.abs().sum() > 0 and state.read_vectors.grad.abs().sum() > 0
     assert state.controller[0][0].grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_float32_on_device_matches_float64(config, device):
+    """The model in float32 on ``device`` against itself in float64 on the CPU: outputs, the
+    final state and the gradients of the inputs, the initial memory and every parameter."""
+    reference = make(config)
+    model = copy.deepcopy(reference).to(device, torch.float32)
+    runs = []
+    for module, dtype, where in ((reference, f64, "cpu"), (model, torch.float32, device)):
+        x = seq(5).to(where, dtype).requires_grad_(True)
+        state = map_state(
+            lambda t, dtype=dtype, where=where: (
+                (t.to(where, dtype) + 0.01).requires_grad_(True)
+                if t.is_floating_point()
+                else t.to(where)
+            ),
+            reference.initial_state(3),
+        )
+        output, final = module(x, state)
+        (output.sum() + final.memory.pow(2).sum() + final.read_vectors.sum()).backward()
+        found = {"output": output, "final memory": final.memory, "final usage": final.usage}
+        found |= {"input grad": x.grad, "initial memory grad": state.memory.grad}
+        found |= {name: p.grad for name, p in module.named_parameters()}
+        runs.append({k: v.detach().to("cpu", f64) for k, v in found.items()})
+    for name, want in runs[0].items():
+        got = runs[1][name]
+        error = ((got - want).norm() / want.norm().clamp_min(1e-12)).item()
+        assert error < 1e-4, f"{name}: relative error {error:.2e}"
 
 
 def test_whole_cell_step_gradcheck():

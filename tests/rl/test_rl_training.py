@@ -71,9 +71,10 @@ def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_ppo_return_rises(reach_task, tmp_path: Path) -> None:
-    """From the random policy's solve rate to nearly every held-out level in 4,800 frames."""
-    result = run(reach_config(tmp_path, steps=30, eval_every=30), "reach")
+def test_ppo_return_rises(reach_task, tmp_path: Path, device: torch.device) -> None:
+    """From the random policy's solve rate to nearly every held-out level in 4,800 frames,
+    with the agent on ``device`` (the environments stay on the CPU)."""
+    result = run(reach_config(tmp_path, steps=30, eval_every=30, device=device.type), "reach")
     assert result.status == "completed"
     train = [r for r in records(result.run_dir) if "train/return" in r]
     first, last = train[0]["train/solved"], train[-1]["train/solved"]
@@ -90,6 +91,24 @@ def test_ppo_return_rises(reach_task, tmp_path: Path) -> None:
     for r in train:
         assert 0 <= r["train/clip_fraction"] <= 1 and 0 <= r["train/kl"] < 0.5, r
         assert r["train/optimiser_steps"] == 4 * 4  # epochs x minibatches: no target_kl
+
+
+def test_the_rmc_agent_trains_on_device(reach_task, tmp_path: Path, device: torch.device) -> None:
+    """A few PPO updates of a small RMC agent on ``device``: collection, the recurrent pass,
+    the update and the held-out evaluation all run, and every logged loss is finite."""
+    config = reach_config(
+        tmp_path,
+        model="rmc",
+        rmc=RMCModelConfig(mem_slots=2, head_size=8, num_heads=2),
+        steps=4,
+        eval_every=4,
+        log_every=2,
+        device=device.type,
+    )
+    result = run(config, "reach")
+    assert result.status == "completed"
+    losses = [r["train/loss"] for r in records(result.run_dir) if "train/loss" in r]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses), losses
 
 
 def test_target_kl_ends_an_update_early(reach_task, tmp_path: Path) -> None:

@@ -33,9 +33,13 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(ckpt_io.resolve_checkpoint(run_dir) / ckpt_io.MODEL_FILE)
 
 
+@pytest.mark.parametrize("bf16", [False, pytest.param(True, marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("model", ["rmc", "lstm"])
-def test_tiny_run_learns(tiny, model: str) -> None:
+def test_tiny_run_learns(tiny, model: str, device: torch.device, bf16: bool) -> None:
+    if bf16 and device.type != "cuda":
+        pytest.skip("bf16 autocast trains on CUDA only (elsewhere it is refused: test_cli)")
     config = tiny(model=model, steps=60, log_every=10, eval_every=30, checkpoint_every=30)
+    config.device, config.bf16 = device.type, bf16
     config.optim.lr = 1e-2
     result = run(config, "nth-farthest")
     assert result.status == "completed" and result.exit_code == 0

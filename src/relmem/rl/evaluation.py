@@ -70,6 +70,12 @@ def held_out_generators(seed: int, start: int, count: int) -> list[np.random.Gen
     return [np.random.Generator(np.random.PCG64(child)) for child in children]
 
 
+def policy_device(policy: torch.nn.Module) -> torch.device:
+    """Where ``policy``'s parameters live (the CPU for one without any). The games step on the
+    CPU: a policy elsewhere gets each step's entries moved to it and its output moved back."""
+    return next((p.device for p in policy.parameters()), torch.device("cpu"))
+
+
 def _play(
     core: BatchedEnv,
     policy: TensorDictModuleBase | None,
@@ -90,12 +96,13 @@ def _play(
     episode = np.arange(B)  # the episode each instance plays; -1: an uncounted one
     begun = B
     core.generators = list(levels[:B])
+    device = None if policy is None else policy_device(policy)
     td = env.reset()
     while not finished.all():
         if policy is None:
             td.set(keys.ACTION, torch.randint(core.num_actions, (B,), generator=generator))
         else:
-            td = policy(td)
+            td = policy(td.to(device)).to(env.device)
         td = env.step(td)
         counted = episode >= 0
         played = episode[counted]

@@ -42,6 +42,7 @@ from torchrl.envs import EnvBase, RewardSum, StepCounter, TransformedEnv
 
 from relmem.rl import keys
 from relmem.rl.config import LearnerConfig
+from relmem.rl.evaluation import policy_device
 from relmem.rl.learners import LOSS_TERMS, STATISTICS
 from relmem.tasks.base import Measure, MetricSpec, derive_seed
 
@@ -211,8 +212,15 @@ class GameTask:
         if c.algorithm == "ppo":
             frames = batch_size * c.unroll
             self._env = self.env_factory(agent, batch_size, derive_seed(seed, STREAM_ENV, 0))()
+            device = policy_device(agent.policy)  # the games step on the CPU (TorchRL moves data)
             self.collector = Collector(
-                self._env, agent.policy, frames_per_batch=frames, total_frames=-1
+                self._env,
+                agent.policy,
+                frames_per_batch=frames,
+                total_frames=-1,
+                env_device=self._env.device,
+                policy_device=device,
+                storing_device=device,
             )
             self._batches = iter(self.collector)
         else:

@@ -28,7 +28,7 @@ from relmem.rl import keys
 from relmem.rl.agent import EMBEDDING, Agent
 from relmem.rl.envs.base import BatchedEnv
 from relmem.rl.envs.torchrl_env import TorchRLBatchedEnv, game_class
-from relmem.rl.evaluation import held_out_generators
+from relmem.rl.evaluation import held_out_generators, policy_device
 from relmem.validation import check_choice, check_int
 
 __all__ = ["render_episodes", "rmc_attention", "write_frames"]
@@ -86,9 +86,10 @@ def _episode(core: BatchedEnv, agent: Agent | None, generator: torch.Generator) 
         if agent is None:
             td.set(keys.ACTION, torch.randint(core.num_actions, (1,), generator=generator))
         else:
-            td = agent.policy(td)
-            weights = rmc_attention(agent, td)
-            attention = None if weights is None else weights[0].numpy()
+            acted = agent.policy(td.to(policy_device(agent.policy)))
+            weights = rmc_attention(agent, acted)
+            attention = None if weights is None else weights[0].cpu().numpy()
+            td = acted.to(env.device)
         frames.append(_frame(core.render(0), td[keys.OBSERVATION][0].numpy(), attention))
         td = env.step(td)
         if td["next", keys.DONE].all():  # the core is not reset: render shows the end
