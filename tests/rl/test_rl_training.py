@@ -248,10 +248,11 @@ def test_training_plays_validation_levels_and_eval_the_test_levels(tmp_path: Pat
     ["process", *(pytest.param(b, marks=pytest.mark.slow) for b in ("distributed", "ray"))],
 )
 def test_impala_with_collector_processes(
-    reach_task, tmp_path: Path, backend: str, monkeypatch
+    reach_task, tmp_path: Path, backend: str, monkeypatch, device: torch.device
 ) -> None:
     """IMPALA's asynchronous collectors: local processes, torch.distributed workers, or a
-    local Ray cluster's actors (when Ray is installed)."""
+    local Ray cluster's actors (when Ray is installed), acting on the CPU for a learner on
+    ``device``."""
     if backend == "ray":
         pytest.importorskip("ray")
         # Ray's workers import the stand-in game from this directory
@@ -259,7 +260,7 @@ def test_impala_with_collector_processes(
             filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])
         )
         monkeypatch.setenv("PYTHONPATH", path)
-    config = reach_config(tmp_path, steps=3, eval_every=3, log_every=1)
+    config = reach_config(tmp_path, steps=3, eval_every=3, log_every=1, device=device.type)
     config.task = ReachConfig(
         algorithm="impala", unroll=10, collectors=2, eval_episodes=16, backend=backend
     )

@@ -239,6 +239,7 @@ class GameTask:
         agent, batch_size, seed = self._impala
         frames = batch_size * c.unroll
         factories = [self.env_factory(agent, batch_size, s) for s in self.collector_seeds(seed)]
+        cpu = torch.device("cpu")  # the actors act on the CPU, on copies of a GPU learner's policy
         self.collector = Collector(
             factories,
             agent.policy,
@@ -248,6 +249,9 @@ class GameTask:
             sync=False,
             frames_per_batch=frames,
             total_frames=-1 if c.backend == "process" else frames * ENDLESS_BATCHES,
+            env_device=cpu,
+            policy_device=cpu,
+            storing_device=cpu,
         )
         self._batches = iter(self.collector)
 
