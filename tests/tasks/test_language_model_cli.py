@@ -20,14 +20,14 @@ from relmem.train import checkpoint as ckpt_io
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
-def train_args(data: Path, out: Path, name: str, *extra: str) -> list[str]:
+def train_args(data: Path, out: Path, name: str, *extra: str, device: str = "cpu") -> list[str]:
     return [
         "train",
         "lm",
         "--data-dir",
         str(data),
         "--device",
-        "cpu",
+        device,
         "--steps",
         "6",
         "--batch-size",
@@ -64,11 +64,11 @@ def train_args(data: Path, out: Path, name: str, *extra: str) -> list[str]:
 
 
 @pytest.mark.parametrize("model", ["rmc", "lstm"])
-def test_train_eval_generate(model: str, tmp_path: Path, capsys) -> None:
+def test_train_eval_generate(model: str, tmp_path: Path, capsys, device: torch.device) -> None:
     data = write_sample(tmp_path / "data", "txt")
-    assert cli.main(train_args(data, tmp_path, model, "--model", model)) == 0
+    assert cli.main(train_args(data, tmp_path, model, "--model", model, device=device.type)) == 0
     out = capsys.readouterr().out
-    assert "parameters) on cpu" in out
+    assert f"parameters) on {device.type}" in out
     run_dir = tmp_path / model
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["metric"] == "perplexity" and summary["held_out_perplexity"] > 1

@@ -35,9 +35,10 @@ def lte(tiny, task: dict[str, Any] | None = None, **overrides: Any) -> TrainConf
 
 
 @pytest.mark.parametrize("model", ["rmc", "lstm", "dnc"])
-def test_tiny_run_of_every_core(tiny, model: str) -> None:
+def test_tiny_run_of_every_core(tiny, model: str, device: torch.device) -> None:
     task = {"task_type": "control", "max_nesting": 2}
-    result = run(lte(tiny, task, model=model, steps=10, eval_every=5), "lte")
+    config = lte(tiny, task, model=model, steps=10, eval_every=5, device=device.type)
+    result = run(config, "lte")
     assert result.status == "completed"
     summary = json.loads((result.run_dir / "summary.json").read_text())
     assert summary["steps"] == 10 and summary["metric"] == "accuracy"

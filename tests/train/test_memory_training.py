@@ -58,8 +58,9 @@ def test_cli_repeat_copy_dnc_writes_a_complete_run(tmp_path: Path, capsys) -> No
 
 
 @pytest.mark.parametrize("model", ["dnc", "lstm", "rmc"])
-def test_models_learn_repeat_copy(tiny_copy, model: str) -> None:
-    result = run(tiny_copy(model=model, steps=150, log_every=25, eval_every=150), "repeat-copy")
+def test_models_learn_repeat_copy(tiny_copy, model: str, device: torch.device) -> None:
+    config = tiny_copy(model=model, steps=150, log_every=25, eval_every=150, device=device.type)
+    result = run(config, "repeat-copy")
     assert result.status == "completed"
     losses = train_losses(result.run_dir)
     assert len(losses) == 6

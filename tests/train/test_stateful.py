@@ -57,10 +57,11 @@ def test_registered_tasks_do_not_leak(episode_bits) -> None:
 
 
 @pytest.mark.parametrize("carry", [True, False], ids=["carried", "dropped"])
-def test_stateful_task_is_learned_only_with_the_state_carried(tiny, episode_bits, carry):
+def test_stateful_task_is_learned_only_with_the_state_carried(tiny, episode_bits, carry, device):
     """Windows 2 and 3 of an episode need the key seen in window 1: with the state carried,
     held-out accuracy nears 1; without, those windows stay at chance (about 2/3 overall)."""
-    result = run(episode_config(tiny, carry, run_name=f"carry-{carry}"), "episode-bits")
+    config = episode_config(tiny, carry, run_name=f"carry-{carry}", device=device.type)
+    result = run(config, "episode-bits")
     accuracy = result.summary["held_out_accuracy"]
     if carry:
         assert accuracy > 0.95, accuracy
