@@ -130,7 +130,10 @@ def test_updates_report_the_gradient_norm_before_clipping(reach_task, tmp_path: 
     train = [r for r in records(run(config, "reach").run_dir) if "train/loss" in r]
     assert len(train) == 2
     for r in train:
-        assert r["train/grad_norm"] > 1e-3 and r["train/entropy"] > 0, r
+        # clipped, the norm would read <= 1e-6; 100x that is the claim. (A batch without any
+        # reward carries only the entropy term's gradient: 9.5e-4 in one CI run, 0.3-1.1
+        # otherwise, so the bound of 1e-3 this used to check failed there.)
+        assert r["train/grad_norm"] > 100 * clipped.grad_clip and r["train/entropy"] > 0, r
         assert "train/kl" not in r and "train/clip_fraction" not in r
 
 
