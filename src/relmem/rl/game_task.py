@@ -335,8 +335,9 @@ class GameTask:
         if not state:
             return
         batched_core(self._env).load_state_dict(to_arrays(state["env"]))
-        carrier = self.collector._carrier
-        carrier.update(TensorDict(state["carrier"], batch_size=carrier.batch_size))
+        carrier = self.collector._carrier  # on the collector's device (the checkpoint's: CPU)
+        saved = TensorDict(state["carrier"], batch_size=carrier.batch_size, device=carrier.device)
+        carrier.update(saved)
 
     def close(self) -> None:
         """Stop the collector (and its processes)."""
