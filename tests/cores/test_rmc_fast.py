@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 
 import pytest
 import torch
@@ -444,16 +445,91 @@ def test_plan_lists_the_equivalences() -> None:
     assert "E13" not in fast_path_plan(two_blocks)
 
 
-def test_bf16_matmuls_on_cpu_within_bf16_tolerance() -> None:
-    """The autocast path (bf16 matmuls, fp32 LN/softmax/state) on CPU; exercises the code the
-    CUDA bf16 path runs."""
-    core = _build(torch.float32, randomise=False)
-    fast = FastRelationalMemory(copy.deepcopy(core), matmul_dtype=torch.bfloat16)
-    inputs = _input(core, 6, 4, torch.float32)
-    state = _states(core, 4, torch.float32)
-    out, final = fast(inputs, state)
-    assert out.dtype == torch.float32 and final.memory.dtype == torch.float32
-    _compare(core, fast, inputs, state, TOLERANCE[torch.bfloat16])
+# The option cases the CUDA test runs.
+GPU_CASES = ["default", "blocks-3", "output-gate", "one-slot-e7", "matrix-input", "query-memory-b2"]
+
+
+class _Autocast(torch.nn.Module):
+    """``core`` run under the autocast ``FastRelationalMemory(matmul_dtype=bf16)`` uses."""
+
+    def __init__(self, core: RelationalMemory) -> None:
+        super().__init__()
+        self.core = core
+
+    def forward(self, *args, **kwargs):
+        device = next(self.core.parameters()).device.type
+        with torch.autocast(device, dtype=torch.bfloat16, cache_enabled=False):
+            return self.core(*args, **kwargs)
+
+
+def _results(module, problem, where, dtype) -> dict[str, torch.Tensor]:
+    """Outputs, final state and every gradient of ``module`` on ``problem`` (inputs, initial
+    state, upstream gradients) moved to ``where`` in ``dtype``; float64 CPU tensors by name."""
+    inputs, state, out_grad, state_grad = problem
+
+    def put(t):
+        return None if t is None else t.detach().to(where, dtype)
+
+    found = _run_and_grad(
+        module,
+        put(inputs),
+        RMCState(*(put(s) for s in state)),
+        put(out_grad),
+        tuple(put(g) for g in state_grad),
+    )
+    flat = {"output": found[0], "input grad": found[2]}
+    for field, s, g in zip(RMCState._fields, found[1], found[3], strict=True):
+        if s is not None:
+            flat[f"final {field}"], flat[f"initial {field} grad"] = s, g
+    flat |= {n.removeprefix("core."): g for n, g in found[4].items()}
+    return {k: v.detach().to("cpu", torch.float64) for k, v in flat.items()}
+
+
+def _rms_error(found: dict[str, torch.Tensor], truth: dict[str, torch.Tensor]) -> float:
+    """Root mean square over the quantities of their relative errors against ``truth``."""
+    rel = [((found[k] - t).norm() / t.norm().clamp_min(1e-30)).item() for k, t in truth.items()]
+    assert all(math.isfinite(r) for r in rel), rel
+    return math.sqrt(sum(r * r for r in rel) / len(rel))
+
+
+def _bf16_error_ratio(case: str, device: torch.device, fast: torch.nn.Module) -> float:
+    """How far ``fast`` (a bf16 fast path over ``case``'s core on ``device``) lands from a
+    float64 run, relative to how far the reference lands under the same autocast: per seed, the
+    root mean square of the relative errors of the outputs, the final state and every gradient,
+    fast over reference; the median over three seeds. ``fast`` is called once per seed (a CUDA
+    graph captures on the first call and replays on the next).
+
+    A fixed bound does not do in bf16: over 16 seeds of these cases the reference itself lands
+    further than 0.06 from float64 on 2 to 11 of them (``docs/performance.md`` §4.13); the fast
+    path's ratio, in medians of three seeds, stayed within 2.2 there. A fault (a lost term, a
+    wrong gradient) shows as an error of order one against the reference's few percent."""
+    core = _build(torch.float32, randomise=False, **CASES[case])
+    truth_core = copy.deepcopy(core).double()
+    reference = _Autocast(copy.deepcopy(core).to(device))
+    ratios = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        inputs, state = _input(core, 7, 4, torch.float32), _states(core, 4, torch.float32)
+        out_grad = torch.randn(7, 4, core.config.mem_slots * core.config.mem_size)
+        state_grad = tuple(None if s is None else torch.randn_like(s) for s in state)
+        problem = (inputs, state, out_grad, state_grad)
+        truth = _results(truth_core, problem, "cpu", torch.float64)
+        fast_error = _rms_error(_results(fast, problem, device, torch.float32), truth)
+        reference_error = _rms_error(_results(reference, problem, device, torch.float32), truth)
+        ratios.append(fast_error / reference_error)
+    return statistics.median(ratios)
+
+
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_bf16_fast_path_lands_as_near_float64_as_the_reference(case: str) -> None:
+    """The autocast path (bf16 matmuls; LayerNorm statistics, softmax and state in float32)
+    on the CPU, which runs the code the CUDA bf16 path runs."""
+    core = _build(torch.float32, randomise=False, **CASES[case])
+    fast = FastRelationalMemory(core, matmul_dtype=torch.bfloat16)
+    output, final = fast(_input(core, 3, 2, torch.float32))
+    assert output.dtype == torch.float32 and final.memory.dtype == torch.float32
+    ratio = _bf16_error_ratio(case, torch.device("cpu"), fast)
+    assert ratio <= 3.0, f"the fast path lands {ratio:.2f}x as far from float64 as the reference"
 
 
 @pytest.mark.slow
@@ -469,9 +545,7 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 @pytest.mark.gpu
 @CUDA
-@pytest.mark.parametrize(
-    "case", ["default", "blocks-3", "output-gate", "one-slot-e7", "matrix-input", "query-memory-b2"]
-)
+@pytest.mark.parametrize("case", GPU_CASES)
 @pytest.mark.parametrize("mode", ["eager", "graph", "bf16", "graph-bf16", "compile"])
 def test_cuda_paths_match_reference(case: str, mode: str) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -482,7 +556,13 @@ def test_cuda_paths_match_reference(case: str, mode: str) -> None:
         matmul_dtype=torch.bfloat16 if "bf16" in mode else None,
         compile=mode == "compile",
     )
-    tol = TOLERANCE[torch.bfloat16 if "bf16" in mode else torch.float32]
+    if "bf16" in mode:
+        ratio = _bf16_error_ratio(case, torch.device("cuda"), fast)
+        assert ratio <= 3.0, (
+            f"the fast path lands {ratio:.2f}x as far from float64 as the reference"
+        )
+        return
+    tol = TOLERANCE[torch.float32]
     for _ in range(2):  # the second call replays the captured graph
         inputs = _input(core, 7, 4, torch.float32).cuda()
         state = _states(core, 4, torch.float32)
