@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -270,3 +273,26 @@ def test_bench_rejects_an_unusable_port_file(
     assert main(tiny_run(tmp_path, 2, "--against-port", str(path))) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_precision_script_writes_its_records(tmp_path: Path) -> None:
+    """``benchmarks/rmc_precision.py`` on one case and seed: every run's errors against float64
+    are finite, float32 within 1e-5 and bf16 within 0.2 on the default case, and the JSON
+    holds the machine."""
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "precision.json"
+    subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "rmc_precision.py"), "--cases", "default"]
+        + ["--seeds", "0", "--json", str(out)],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(root / "src")},
+    )
+    written = json.loads(out.read_text())
+    runs = {r["run"]: r for r in written["records"]}
+    assert set(runs) == {"ref-f32", "fast-f32", "fused-f32", "ref-bf16", "fast-bf16"}
+    errors = ("output", "final memory", "input grad", "initial memory grad", "worst param grad")
+    for name, record in runs.items():
+        bound = 0.2 if name.endswith("bf16") else 1e-5
+        assert all(0 <= record[e] < bound for e in errors), record
+    assert "cpu" in written["machine"]
