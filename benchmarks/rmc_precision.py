@@ -15,7 +15,7 @@ on the CPU (the truth) and then, on ``--device``,
 with the same inputs, initial state and upstream gradients (drawn as the test draws them), and
 prints each run's relative error (``‖got − truth‖ / ‖truth‖``) in the output, the final memory,
 the input's and the initial memory's gradients, and the worst parameter gradient. On CUDA,
-``--sdpa`` repeats the bf16 runs with each scaled-dot-product-attention backend forced.
+``--sdpa`` repeats the runs with each scaled-dot-product-attention backend forced.
 
     PYTHONPATH=src python benchmarks/rmc_precision.py
     PYTHONPATH=src python benchmarks/rmc_precision.py --seeds $(seq 0 15)
@@ -161,7 +161,7 @@ def measure(case_name: str, seed: int, args: argparse.Namespace) -> list[dict[st
             runs["fast-bf16"] = FastRelationalMemory(
                 copy.deepcopy(core), matmul_dtype=torch.bfloat16
             )
-        for backend, context in backends(args.device, args.sdpa and precision == "bf16"):
+        for backend, context in backends(args.device, args.sdpa):
             for run, module in runs.items():
                 record = {"case": case_name, "seed": seed, "run": run, "sdpa": backend}
                 try:
