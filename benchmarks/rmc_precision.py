@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from relmem.benchmarking.precision import Autocast, Problem, relative_errors, run_with_gradients
 from relmem.cores.rmc import FastRelationalMemory, RelationalMemory, RMCState
 from relmem.env_info import machine_info
 
@@ -50,18 +51,6 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-class Autocast(nn.Module):
-    """Runs ``core`` under the autocast that ``FastRelationalMemory(matmul_dtype=...)`` uses."""
-
-    def __init__(self, core: nn.Module, device_type: str, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.core, self.device_type, self.dtype = core, device_type, dtype
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with torch.autocast(self.device_type, dtype=self.dtype, cache_enabled=False):
-            return self.core(*args, **kwargs)
-
-
 def build(case: str, randomise: bool) -> RelationalMemory:
     """The test's reference core: seed 0, every parameter perturbed unless ``randomise`` is
     off (the test's bf16 modes keep the initialisation)."""
@@ -75,7 +64,7 @@ def build(case: str, randomise: bool) -> RelationalMemory:
     return core
 
 
-def problem(core: RelationalMemory, seed: int, steps: int, batch: int) -> dict[str, Any]:
+def problem(core: RelationalMemory, seed: int, steps: int, batch: int) -> Problem:
     """Inputs ``[T, B, (n,) F]``, an initial state and upstream gradients for the outputs and
     the final state, all float32 on the CPU."""
     torch.manual_seed(seed)
@@ -87,47 +76,23 @@ def problem(core: RelationalMemory, seed: int, steps: int, batch: int) -> dict[s
     hidden = None if state.hidden is None else torch.tanh(torch.randn_like(state.hidden))
     with torch.no_grad():
         output = core(inputs, RMCState(memory, hidden))[0]
-    return {
-        "inputs": inputs,
-        "state": RMCState(memory, hidden),
-        "out_grad": torch.randn_like(output),
-        "state_grad": tuple(None if s is None else torch.randn_like(s) for s in (memory, hidden)),
-    }
+    out_grad = torch.randn_like(output)  # before the state's: the draws' order is the data
+    state_grad = tuple(None if s is None else torch.randn_like(s) for s in (memory, hidden))
+    return Problem(inputs, RMCState(memory, hidden), out_grad, state_grad)
 
 
-def gradients(module: nn.Module, case: dict[str, Any], device: str, dtype: torch.dtype) -> dict:
-    """Output, final memory and every gradient of one run, as float64 CPU tensors."""
-
-    def put(t: Tensor | None) -> Tensor | None:
-        return None if t is None else t.to(device, dtype, copy=True)
-
-    inputs = put(case["inputs"]).requires_grad_()
-    state = RMCState(*(None if s is None else put(s).requires_grad_() for s in case["state"]))
-    module.zero_grad(set_to_none=True)
-    output, final = module(inputs, state)
-    loss = (output * put(case["out_grad"])).sum()
-    for s, g in zip(final, case["state_grad"], strict=True):
-        if s is not None:
-            loss = loss + (s * put(g)).sum()
-    loss.backward()
-    found = {
-        "output": output,
-        "final memory": final.memory,
-        "input grad": inputs.grad,
-        "initial memory grad": state.memory.grad,
-    }
-    for name, p in module.named_parameters():
-        found[name.removeprefix("core.")] = p.grad
-    return {k: v.detach().double().cpu() for k, v in found.items()}
-
-
-def errors(got: dict[str, Tensor], truth: dict[str, Tensor]) -> dict[str, Any]:
+def errors(
+    got: tuple[dict[str, Tensor], dict[str, Tensor]],
+    truth: tuple[dict[str, Tensor], dict[str, Tensor]],
+) -> dict[str, Any]:
     """Relative errors of the named quantities and of the worst parameter gradient."""
-    rel = {k: ((got[k] - t).norm() / t.norm().clamp_min(1e-30)).item() for k, t in truth.items()}
-    named = ("output", "final memory", "input grad", "initial memory grad")
-    params = {k: v for k, v in rel.items() if k not in named}
+    quantities = relative_errors(got[0], truth[0])
+    params = relative_errors(got[1], truth[1])
     worst = max(params, key=params.__getitem__)
-    return {**{k: rel[k] for k in named}, "worst param": worst, "worst param grad": params[worst]}
+    named = {
+        k: quantities[k] for k in ("output", "final memory", "input grad", "initial memory grad")
+    }
+    return {**named, "worst param": worst, "worst param grad": params[worst]}
 
 
 def backends(device: str, sdpa: bool) -> Iterator[tuple[str, Callable[[], Any]]]:
@@ -146,7 +111,7 @@ def measure(case_name: str, seed: int, args: argparse.Namespace) -> list[dict[st
     for precision in ("f32", "bf16"):
         base = build(case_name, randomise=precision == "f32")
         case = problem(base, seed, args.steps, args.batch)
-        truth = gradients(copy.deepcopy(base).double(), case, "cpu", torch.float64)
+        truth = run_with_gradients(copy.deepcopy(base).double(), case, "cpu", torch.float64)
         core = copy.deepcopy(base).to(args.device)
         runs: dict[str, nn.Module] = {}
         if precision == "f32":
@@ -157,7 +122,7 @@ def measure(case_name: str, seed: int, args: argparse.Namespace) -> list[dict[st
                 fused.implementation = fused.cell.implementation = "fused"
                 runs["fused-f32"] = fused
         else:
-            runs["ref-bf16"] = Autocast(copy.deepcopy(core), args.device, torch.bfloat16)
+            runs["ref-bf16"] = Autocast(copy.deepcopy(core))
             runs["fast-bf16"] = FastRelationalMemory(
                 copy.deepcopy(core), matmul_dtype=torch.bfloat16
             )
@@ -166,7 +131,7 @@ def measure(case_name: str, seed: int, args: argparse.Namespace) -> list[dict[st
                 record = {"case": case_name, "seed": seed, "run": run, "sdpa": backend}
                 try:
                     with context():
-                        got = gradients(module, case, args.device, torch.float32)
+                        got = run_with_gradients(module, case, args.device, torch.float32)
                 except RuntimeError as error:  # a forced backend that does not take the shapes
                     record["error"] = str(error).splitlines()[0][:120]
                 else:

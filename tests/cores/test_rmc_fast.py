@@ -18,6 +18,7 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
 import relmem.cores.rmc.fast as fast_module
+from relmem.benchmarking.precision import Autocast, Problem, relative_errors, run_with_gradients
 from relmem.cores.rmc import (
     FastRelationalMemory,
     RelationalMemory,
@@ -449,45 +450,14 @@ def test_plan_lists_the_equivalences() -> None:
 GPU_CASES = ["default", "blocks-3", "output-gate", "one-slot-e7", "matrix-input", "query-memory-b2"]
 
 
-class _Autocast(torch.nn.Module):
-    """``core`` run under the autocast ``FastRelationalMemory(matmul_dtype=bf16)`` uses."""
-
-    def __init__(self, core: RelationalMemory) -> None:
-        super().__init__()
-        self.core = core
-
-    def forward(self, *args, **kwargs):
-        device = next(self.core.parameters()).device.type
-        with torch.autocast(device, dtype=torch.bfloat16, cache_enabled=False):
-            return self.core(*args, **kwargs)
-
-
-def _results(module, problem, where, dtype) -> dict[str, torch.Tensor]:
-    """Outputs, final state and every gradient of ``module`` on ``problem`` (inputs, initial
-    state, upstream gradients) moved to ``where`` in ``dtype``; float64 CPU tensors by name."""
-    inputs, state, out_grad, state_grad = problem
-
-    def put(t):
-        return None if t is None else t.detach().to(where, dtype)
-
-    found = _run_and_grad(
-        module,
-        put(inputs),
-        RMCState(*(put(s) for s in state)),
-        put(out_grad),
-        tuple(put(g) for g in state_grad),
-    )
-    flat = {"output": found[0], "input grad": found[2]}
-    for field, s, g in zip(RMCState._fields, found[1], found[3], strict=True):
-        if s is not None:
-            flat[f"final {field}"], flat[f"initial {field} grad"] = s, g
-    flat |= {n.removeprefix("core."): g for n, g in found[4].items()}
-    return {k: v.detach().to("cpu", torch.float64) for k, v in flat.items()}
-
-
-def _rms_error(found: dict[str, torch.Tensor], truth: dict[str, torch.Tensor]) -> float:
-    """Root mean square over the quantities of their relative errors against ``truth``."""
-    rel = [((found[k] - t).norm() / t.norm().clamp_min(1e-30)).item() for k, t in truth.items()]
+def _rms_error(module, problem: Problem, device, truth) -> float:
+    """Root mean square of the relative errors against ``truth`` of everything ``module``
+    computes on ``problem`` (outputs, final state, every gradient) on ``device`` in float32."""
+    found = run_with_gradients(module, problem, device, torch.float32)
+    rel = [
+        *relative_errors(found[0], truth[0]).values(),
+        *relative_errors(found[1], truth[1]).values(),
+    ]
     assert all(math.isfinite(r) for r in rel), rel
     return math.sqrt(sum(r * r for r in rel) / len(rel))
 
@@ -505,18 +475,17 @@ def _bf16_error_ratio(case: str, device: torch.device, fast: torch.nn.Module) ->
     wrong gradient) shows as an error of order one against the reference's few percent."""
     core = _build(torch.float32, randomise=False, **CASES[case])
     truth_core = copy.deepcopy(core).double()
-    reference = _Autocast(copy.deepcopy(core).to(device))
+    reference = Autocast(copy.deepcopy(core).to(device))
     ratios = []
     for seed in range(3):
         torch.manual_seed(seed)
         inputs, state = _input(core, 7, 4, torch.float32), _states(core, 4, torch.float32)
         out_grad = torch.randn(7, 4, core.config.mem_slots * core.config.mem_size)
         state_grad = tuple(None if s is None else torch.randn_like(s) for s in state)
-        problem = (inputs, state, out_grad, state_grad)
-        truth = _results(truth_core, problem, "cpu", torch.float64)
-        fast_error = _rms_error(_results(fast, problem, device, torch.float32), truth)
-        reference_error = _rms_error(_results(reference, problem, device, torch.float32), truth)
-        ratios.append(fast_error / reference_error)
+        problem = Problem(inputs, state, out_grad, state_grad)
+        truth = run_with_gradients(truth_core, problem, "cpu", torch.float64)
+        fast_error = _rms_error(fast, problem, device, truth)
+        ratios.append(fast_error / _rms_error(reference, problem, device, truth))
     return statistics.median(ratios)
 
 
