@@ -79,6 +79,7 @@ def _episode(core: BatchedEnv, agent: Agent | None, generator: torch.Generator) 
     env = TransformedEnv(TorchRLBatchedEnv(core), InitTracker(init_key=keys.IS_INIT))
     if agent is not None:
         env.append_transform(agent.make_tensordict_primer())
+    device = None if agent is None else policy_device(agent.policy)
     td = env.reset()
     frames = []
     while True:
@@ -86,7 +87,7 @@ def _episode(core: BatchedEnv, agent: Agent | None, generator: torch.Generator) 
         if agent is None:
             td.set(keys.ACTION, torch.randint(core.num_actions, (1,), generator=generator))
         else:
-            acted = agent.policy(td.to(policy_device(agent.policy)))
+            acted = agent.policy(td.to(device))
             weights = rmc_attention(agent, acted)
             attention = None if weights is None else weights[0].cpu().numpy()
             td = acted.to(env.device)
