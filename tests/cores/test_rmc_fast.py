@@ -561,6 +561,83 @@ def test_deferred_weight_grads_with_autograd_grad_and_retain_graph() -> None:
     _assert_close("accumulated twice", grads[1][1], 2 * grads[1][0], 1e-10)
 
 
+def _banks_every_weight(core: RelationalMemory, batch: int) -> bool:
+    """Whether E10's cost model banks every in-loop weight of ``core`` at ``batch``."""
+    rows = batch * core.config.mem_slots
+    weights = [core.cell.blocks[0].qkv.weight, core.cell.memory_gate.weight]
+    weights += [layer.weight for layer in core.cell.mlps[0].layers]
+    return all(deferral_pays(tuple(w.shape), rows, w.device) for w in weights)
+
+
+@pytest.mark.parametrize("case", ["default", "one-slot-e7"])
+def test_deferred_weight_grads_after_a_pass_that_skips_the_weights(case: str) -> None:
+    """A backward pass that asks for the input's gradient alone runs the in-loop uses'
+    backward but not the weights': the pairs it banked must not be counted again by the next
+    pass over the retained graph (they were, doubling the weights' gradients)."""
+    core = _build(torch.float64, **CASES[case])
+    fast = _fast_copy(core)
+    assert _banks_every_weight(core, 1)
+    data = _input(core, 4, 1, torch.float64)
+    results = []
+    for module in (core, fast):
+        inputs = data.clone().requires_grad_()
+        output, final = module(inputs)
+        loss = output.pow(2).sum() + final.memory.sum()
+        (input_grad,) = torch.autograd.grad(loss, inputs, retain_graph=True)
+        loss.backward()
+        results.append((input_grad, [p.grad for p in module.parameters()]))
+    _assert_close("input gradient", results[1][0], results[0][0], 1e-10)
+    for (name, _), got, want in zip(
+        core.named_parameters(), results[1][1], results[0][1], strict=True
+    ):
+        _assert_close(name, got, want, 1e-10)
+
+
+@pytest.mark.parametrize("batch", [1, 6], ids=["banked", "per-step"])
+def test_second_derivatives_match_reference_where_the_attention_has_them(batch: int) -> None:
+    """A gradient penalty (``create_graph=True``, then the gradient of the input gradient's
+    norm): equal to the reference's through E7's two-key attention, with E10's banked weight
+    gradients and without. Banked, the weights' share of the input gradient was silently
+    dropped (``once_differentiable`` saw no incoming gradient that needed one); SDPA's fused
+    kernels have no second derivative, and there PyTorch refuses."""
+    core = _build(torch.float64, **CASES["one-slot-e7"])
+    fast = _fast_copy(core)
+    assert _banks_every_weight(core, batch) == (batch == 1)
+    data = _input(core, 3, batch, torch.float64)
+    results = []
+    for module in (core, fast):
+        inputs = data.clone().requires_grad_()
+        output, final = module(inputs)
+        loss = output.pow(2).sum() + final.memory.sum()
+        (input_grad,) = torch.autograd.grad(loss, inputs, create_graph=True)
+        penalty = input_grad.pow(2).sum()
+        results.append(torch.autograd.grad(penalty, [inputs, *module.parameters()]))
+    names = ["input", *(name for name, _ in core.named_parameters())]
+    for name, got, want in zip(names, results[1], results[0], strict=True):
+        _assert_close(name, got, want, 1e-10)
+    sdpa = _fast_copy(_build(torch.float64))
+    inputs = _input(sdpa, 3, 1, torch.float64).requires_grad_()
+    (input_grad,) = torch.autograd.grad(sdpa(inputs)[0].sum(), inputs, create_graph=True)
+    with pytest.raises(RuntimeError, match="scaled_dot_product"):
+        torch.autograd.grad(input_grad.pow(2).sum(), list(sdpa.parameters()))
+
+
+@STEPS
+@pytest.mark.parametrize("case", ["default", "output-gate"])
+def test_final_state_is_not_a_view_of_the_outputs(case: str, implementation: str) -> None:
+    """An in-place change to the outputs (dropout, masked_fill_) leaves the final state, which
+    the next window starts from, as it was, as with the reference and nn.LSTM."""
+    core = _build(torch.float32, **CASES[case])
+    inputs = _input(core, 4, 2, torch.float32)
+    for module in (core, _fast_copy(core, implementation)):
+        with torch.no_grad():
+            output, final = module(inputs)
+            kept = [s.clone() for s in final if s is not None]
+            output.mul_(0.5)
+        for before, after in zip(kept, [s for s in final if s is not None], strict=True):
+            assert torch.equal(before, after)
+
+
 @pytest.mark.parametrize("keys", [2, 5])  # E7's two-key sigmoid, and SDPA
 def test_attention_stays_float32_under_autocast(keys: int) -> None:
     """``docs/rmc.md`` §10: with bf16 matmuls the softmax stays fp32. Under autocast the fast

@@ -155,11 +155,29 @@ def _layer_norm(x: Tensor, params: tuple[Tensor, Tensor]) -> Tensor:
 
 
 class _GradBank:
-    """The ``(input rows, output gradient)`` pairs of one weight's in-loop uses (E10)."""
+    """The ``(input rows, output gradient)`` pairs of one weight's in-loop uses (E10), filled
+    and emptied within one backward pass."""
 
     def __init__(self) -> None:
         self.inputs: list[Tensor] = []
         self.grads: list[Tensor] = []
+
+    def add(self, inputs: Tensor, grads: Tensor) -> None:
+        """Bank one use's ``[rows, in]`` inputs and ``[rows, out]`` output gradient.
+
+        A backward pass that does not reach the weight (``torch.autograd.grad`` of the inputs
+        alone, ``backward(inputs=...)``) runs the uses' backward but not
+        :class:`_SequenceWeight`'s, so the first deposit of a pass also asks the autograd
+        engine to empty the bank when the pass ends: a later pass over the same graph
+        (``retain_graph=True``) must not count these pairs again.
+        """
+        if not self.grads:
+            torch.autograd.Variable._execution_engine.queue_callback(self.clear)
+        self.inputs.append(inputs)
+        self.grads.append(grads)
+
+    def clear(self) -> None:
+        self.inputs, self.grads = [], []
 
 
 class _BankedWeight(NamedTuple):
@@ -172,7 +190,11 @@ class _BankedWeight(NamedTuple):
 class _SequenceWeight(torch.autograd.Function):
     """Identity on a weight, applied once per sequence; its backward runs after every step's
     backward (every step consumes its output) and computes ``dW = Σ_t g_tᵀ x_t`` as one GEMM
-    over all T·B·rows."""
+    over all T·B·rows.
+
+    Both backward passes here are made of differentiable operations: with ``create_graph=True``
+    they record their own graph, in which ``dy·W`` reaches the weight through this alias again
+    (the bank is empty by then, so that gradient passes through unchanged)."""
 
     @staticmethod
     def forward(ctx: Any, weight: Tensor, bank: _GradBank) -> Tensor:
@@ -181,13 +203,12 @@ class _SequenceWeight(torch.autograd.Function):
         return weight.view_as(weight)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: Tensor | None) -> tuple[Tensor | None, None]:
         bank = ctx.bank
         if bank.grads:
             banked = torch.cat(bank.grads).t() @ torch.cat(bank.inputs)  # [out, in]
             grad = banked if grad is None else grad + banked
-        bank.inputs, bank.grads = [], []
+        bank.clear()
         return grad, None
 
 
@@ -203,12 +224,10 @@ class _LinearDeferred(torch.autograd.Function):
         return F.linear(x, weight, bias)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, Tensor | None, None]:
         x, weight = ctx.saved_tensors
         grad_rows = grad.reshape(-1, grad.shape[-1])  # [rows, out]
-        ctx.bank.inputs.append(x.reshape(-1, x.shape[-1]))  # [rows, in]
-        ctx.bank.grads.append(grad_rows)
+        ctx.bank.add(x.reshape(-1, x.shape[-1]), grad_rows)
         grad_bias = grad_rows.sum(0) if ctx.has_bias else None
         grad_x = grad @ weight if ctx.needs_input_grad[0] else None
         # No weight gradient here: _SequenceWeight computes it from the bank.
@@ -636,8 +655,10 @@ def fast_sequence(
     shown = stacked_m if stacked_h is None else stacked_h
     outputs = shown.flatten(2)  # [T, B, N·M]
     if lengths is None:
-        final_h = None if stacked_h is None else stacked_h[-1]
-        return outputs, RMCState(stacked_m[-1], final_h)
+        # Copies, not views of the outputs: an in-place change to the outputs (dropout,
+        # masked_fill_) must not reach the state carried into the next window. [B, N, M] each.
+        final_h = None if stacked_h is None else stacked_h[-1].clone()
+        return outputs, RMCState(stacked_m[-1].clone(), final_h)
     steps, batch = outputs.shape[:2]
     time = torch.arange(steps, device=lengths.device)
     active = (time.unsqueeze(1) < lengths.unsqueeze(0)).unsqueeze(-1)  # [T, B, 1]
