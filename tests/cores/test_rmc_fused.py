@@ -8,6 +8,7 @@ is in ``test_rmc_fast.py`` (the ``fused`` parameter of its comparisons).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -149,12 +150,33 @@ def test_fused_refuses_a_second_derivative() -> None:
     with the way out, for the sequence operator and the step operators alike."""
     core = RelationalMemory(5, 3, 4, num_heads=2, implementation="fused")
     inputs = torch.randn(3, 2, 5, requires_grad=True)
+    way_out = "no second derivative.*implementation='reference'"
     for output in (core(inputs)[0], core.cell(inputs[0])[0]):
-        with pytest.raises(RuntimeError, match="no second derivative.*implementation='fast'"):
+        with pytest.raises(RuntimeError, match=way_out):
             torch.autograd.grad(output.sum(), inputs, create_graph=True)
     x = torch.randn(4, dtype=torch.float64, requires_grad=True)
-    with pytest.raises(RuntimeError, match="no second derivative.*implementation='fast'"):
+    with pytest.raises(RuntimeError, match=way_out):
         torch.autograd.grad(OPS.tanh(x).sum(), x, create_graph=True)
+
+
+@pytest.mark.parametrize("case", ["bfloat16", "float16", "autocast"])
+def test_fused_refuses_what_its_kernels_do_not_run(case: str) -> None:
+    """Half-precision input and CPU autocast get the way out, not the dispatcher's
+    '"relmem_tanh" not implemented for 'Half''; the cell and the sequence alike."""
+    inputs = torch.randn(3, 2, 5)
+    core = RelationalMemory(5, 3, 4, num_heads=2, implementation="fused")
+    if case == "autocast":
+        context = torch.autocast("cpu", dtype=torch.bfloat16)
+        message = "autocast.*implementation='fast'"
+    else:
+        dtype = getattr(torch, case)
+        core, inputs = core.to(dtype), inputs.to(dtype)
+        context = contextlib.nullcontext()
+        message = f"float32 and float64, got torch.{case}.*implementation='fast'"
+    with context:
+        for run in (lambda: core(inputs), lambda: core.cell(inputs[0])):
+            with pytest.raises(ValueError, match=message):
+                run()
 
 
 def test_fused_refuses_other_devices() -> None:
@@ -219,3 +241,19 @@ def test_prefer_fused_keeps_the_fast_path_when_the_build_fails(
     assert note is not None and note.startswith("the RMC runs the fast path")
     assert "c++: not found" in note
     assert core.implementation == "auto"
+
+
+def test_fused_under_torch_compile() -> None:
+    """fullgraph=True is refused with the way out ('fast' compiles whole); without it the
+    operators run between graphs and the results are eager's."""
+    core = RelationalMemory(5, 3, 4, num_heads=2, implementation="fused")
+    inputs = torch.randn(4, 2, 5)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="cannot be traced.*implementation='fast'"):
+        torch.compile(core, fullgraph=True)(inputs)
+    torch._dynamo.reset()
+    output, final = torch.compile(core)(inputs)
+    want, want_final = core(inputs)
+    # The hoisted work around the operators is compiled: rounding, not bitwise.
+    torch.testing.assert_close(output, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(final.memory, want_final.memory, rtol=1e-5, atol=1e-6)

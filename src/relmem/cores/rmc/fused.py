@@ -86,22 +86,47 @@ def _build_failure() -> str | None:
     return None
 
 
-def prepare_fused(device: torch.device) -> SequenceFn:
-    """:func:`fused_sequence` for inputs on ``device``, its operators loaded.
+def prepare_fused(rows: Tensor) -> SequenceFn:
+    """:func:`fused_sequence` for the input ``rows``, its operators loaded.
 
     Raises:
-        ValueError: ``device`` is not the CPU (the operators are CPU kernels).
+        ValueError: what the operators do not run, with the way out: input off the CPU (they
+            are CPU kernels), a dtype other than float32 and float64, a CPU autocast region, or
+            a graph being traced by ``torch.compile`` / ``torch.export`` (the operators have no
+            fake-tensor kernel; without ``fullgraph=True`` dynamo then runs this call and
+            :func:`fused_sequence` eagerly, between graphs). ``implementation='fast'`` runs all
+            of these.
         RuntimeError: the operators could not be built (:func:`load_fused_ops`).
     """
-    if device.type != "cpu":
+    if rows.device.type != "cpu":
         raise ValueError(
-            f"implementation='fused' runs on the CPU only, got input on {device}; use "
+            f"implementation='fused' runs on the CPU only, got input on {rows.device}; use "
             "implementation='fast' (or FastRelationalMemory's CUDA graphs) on a GPU"
+        )
+    if rows.dtype not in (torch.float32, torch.float64):
+        raise ValueError(
+            f"implementation='fused' runs float32 and float64, got {rows.dtype} input; use "
+            "implementation='fast' for half precision"
+        )
+    if torch.is_autocast_enabled("cpu"):
+        raise ValueError(
+            "implementation='fused' does not run under CPU autocast (its operators are float32 "
+            "and float64 kernels); use implementation='fast' there"
+        )
+    if torch.compiler.is_compiling():
+        raise ValueError(
+            "implementation='fused' cannot be traced by torch.compile or torch.export (its C++ "
+            "operators have no fake-tensor kernel; without fullgraph=True a compiled model runs "
+            "them between graphs); compile implementation='fast', which compiles with "
+            "fullgraph=True"
         )
     load_fused_ops()
     return fused_sequence
 
 
+# Opaque to torch.compile: without fullgraph, a compiled model runs it eagerly between graphs
+# (its C++ operators cannot be traced); prepare_fused refuses fullgraph with the way out.
+@torch.compiler.disable
 def fused_sequence(
     spec: _StepSpec,
     weights: _StepWeights,

@@ -414,7 +414,7 @@ class RelationalMemoryCell(nn.Module):
             return (output, new_state, details) if return_details else (output, new_state)
         sequence_fn = None
         if self.implementation == "fused":
-            sequence_fn = prepare_fused(rows.device)
+            sequence_fn = prepare_fused(rows)
         return fast_cell_step(self.config, self.fast_weights(), rows, state, sequence_fn)
 
 
@@ -569,7 +569,7 @@ class RelationalMemory(nn.Module):
         if self.implementation != "reference":
             sequence_fn = None
             if self.implementation == "fused":
-                sequence_fn = prepare_fused(rows.device)
+                sequence_fn = prepare_fused(rows)
             weights = cell.fast_weights()
             outputs, final_state = fast_sequence(
                 cell.config, weights, rows, state, seq.lengths, sequence_fn=sequence_fn

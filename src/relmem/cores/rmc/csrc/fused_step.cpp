@@ -43,7 +43,7 @@ constexpr double kEps = 1e-5;
 void refuse_double_backward() {
   TORCH_CHECK(!at::GradMode::is_enabled(),
               "implementation='fused' has no second derivative (backward with "
-              "create_graph=True); use implementation='fast' for it");
+              "create_graph=True); use implementation='reference' for it");
 }
 
 void check_cpu(const Tensor& t, const char* name) {
