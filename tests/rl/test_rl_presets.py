@@ -41,3 +41,23 @@ def test_defaults_and_the_paper_setting() -> None:
         cpu = get_preset(task_name, "cpu")
         assert (cpu.optim.schedule, cpu.optim.lr, cpu.optim.min_lr) == ("cosine", 1e-3, 8e-5)
         assert (cpu.steps, cpu.time_limit_min) == (600, 20.0)
+
+
+def test_the_agent_options_reach_the_agent_and_head_options_are_refused() -> None:
+    """``--task.agent.*`` shapes the encoder and the heads; ``--head.*`` (the supervised
+    tasks' MLP head) was accepted and ignored by RL runs, and is now refused with the way out."""
+    from relmem.commands.train import parse
+    from relmem.rl.runs import agent_of
+
+    argv = ["boxworld", "--task.agent.hidden-size", "24", "--task.agent.conv-channels", "5"]
+    task_name, config, _ = parse(argv)
+    task = get_task(task_name).build(config.task)
+    with torch.device("meta"):
+        agent = agent_of(config, task)
+    shapes = {name: tuple(p.shape) for name, p in agent.named_parameters()}
+    assert any(shape[:1] == (24,) for name, shape in shapes.items() if name.startswith("trunk"))
+    assert any(shape[:1] == (5,) for name, shape in shapes.items() if name.startswith("encoder"))
+    assert not any(shape[:1] == (256,) for name, shape in shapes.items() if "trunk" in name)
+    _, config, _ = parse(["boxworld", "--head.hidden-sizes", "8"])
+    with pytest.raises(ValueError, match="--head.*--task.agent.hidden-size"):
+        agent_of(config, task)

@@ -24,7 +24,6 @@ once per loss evaluation rather than once for the policy and again for the value
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDictBase
@@ -43,8 +42,9 @@ from relmem.models import get_model, list_models
 from relmem.models.convlstm import ConvLSTMModelConfig
 from relmem.models.rmc import RMCModelConfig, rmc_config
 from relmem.rl import keys
+from relmem.rl.config import AgentConfig
 from relmem.rl.modules import CellEncoder, RecurrentCoreModule, RMCModule
-from relmem.validation import check_at_least, check_choice
+from relmem.validation import check_choice
 
 __all__ = ["Agent", "AgentConfig", "build_agent"]
 
@@ -53,31 +53,6 @@ CORE_OUTPUT = "core_output"  # the core's output [*B, O]
 HIDDEN = "hidden"  # the shared hidden layer [*B, hidden_size]
 # what a pass of the policy writes besides its outputs (a collected batch holds them too)
 INTERMEDIATE_KEYS = (EMBEDDING, CORE_OUTPUT, HIDDEN, keys.LOGITS)
-
-
-@dataclass
-class AgentConfig:
-    """The agent's parts around the core (``docs/rl.md`` §3; library defaults).
-
-    Attributes:
-        conv_channels: the encoder's two convolutions (paper 12, 24).
-        kernel_size: their square kernel (paper 2).
-        hidden_size: the heads' shared hidden layer (256).
-    """
-
-    conv_channels: tuple[int, ...] = (12, 24)
-    kernel_size: int = 2
-    hidden_size: int = 256
-
-    def __post_init__(self) -> None:
-        self.conv_channels = tuple(self.conv_channels)
-        if not self.conv_channels or any(
-            isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in self.conv_channels
-        ):
-            raise ValueError(
-                f"agent.conv_channels must be one or more integers >= 1, got {self.conv_channels}"
-            )
-        check_at_least("agent.", self, kernel_size=1, hidden_size=1)
 
 
 class Agent(nn.Module):

@@ -15,7 +15,7 @@ tasks, and the library stays light until an RL run starts.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from relmem.validation import check_at_least, check_choice, check_positive
@@ -25,10 +25,39 @@ BACKENDS = ("process", "ray", "distributed", "submitit")
 
 
 @dataclass
+class AgentConfig:
+    """The agent's parts around the core (``docs/rl.md`` §3; library defaults), the
+    ``--task.agent.*`` options.
+
+    Attributes:
+        conv_channels: the encoder's convolutions (paper two: 12, 24).
+        kernel_size: their square kernel (paper 2).
+        hidden_size: the policy and value heads' shared hidden layer (256).
+    """
+
+    conv_channels: tuple[int, ...] = (12, 24)
+    kernel_size: int = 2
+    hidden_size: int = 256
+
+    def __post_init__(self) -> None:
+        self.conv_channels = tuple(self.conv_channels)
+        if not self.conv_channels or any(
+            isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in self.conv_channels
+        ):
+            raise ValueError(
+                "task.agent.conv_channels must be one or more integers >= 1, got "
+                f"{self.conv_channels}"
+            )
+        check_at_least("task.agent.", self, kernel_size=1, hidden_size=1)
+
+
+@dataclass
 class LearnerConfig:
     """How an RL task learns (the update that plugs into the trainer's step).
 
     Attributes:
+        agent: the encoder and the heads around the core (:class:`AgentConfig`; the core's
+            own sizes are ``--rmc.*``, ``--lstm.*``, ``--convlstm.*``).
         algorithm: 'ppo' (TorchRL ``ClipPPOLoss`` with ``GAE`` on whole rollouts, one process;
             for small runs) or 'impala' (``VTrace`` + ``A2CLoss`` on batches from an
             asynchronous multi-process collector; the paper's setting).
@@ -64,6 +93,7 @@ class LearnerConfig:
             each other, so that picking the best checkpoint never looks at the test levels.
     """
 
+    agent: AgentConfig = field(default_factory=AgentConfig)
     algorithm: Literal["ppo", "impala"] = "ppo"
     unroll: int = 20
     gamma: float = 0.99

@@ -184,12 +184,15 @@ class GameTask:
         self.resumes = 0  # how many resumes led to this run segment (IMPALA's level streams)
 
     def agent(self, model: str, core_config: Any) -> nn.Module:
-        """A new agent with ``model``'s core (``rmc``, ``lstm``, ``convlstm``)."""
+        """A new agent with ``model``'s core (``rmc``, ``lstm``, ``convlstm``) and the task's
+        ``agent`` settings (``--task.agent.*``)."""
         if self.build_agent is None:
             from relmem.rl.agent import build_agent
 
             self.build_agent = build_agent
-        return self.build_agent(self.observation_shape, self.num_actions, model, core_config)
+        return self.build_agent(
+            self.observation_shape, self.num_actions, model, core_config, self.config.agent
+        )
 
     def env_factory(self, agent: nn.Module, batch_size: int, seed: int) -> Callable[[], EnvBase]:
         """A picklable function building ``batch_size`` training environments."""

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from relmem.models import HeadConfig
 from relmem.tasks.registry import get_task
 from relmem.train.checkpoint import best_checkpoint
 from relmem.train.config import TrainConfig
@@ -33,7 +34,19 @@ def is_rl_run(run_dir: Path) -> bool:
 
 def agent_of(config: TrainConfig, task: Any) -> nn.Module:
     """The agent of ``config.model`` for the RL ``task`` (a :data:`~relmem.train.runs.
-    ModelBuilder`: the size check and the loaders build RL runs' models with it)."""
+    ModelBuilder`: the size check and the loaders build RL runs' models with it).
+
+    Raises:
+        ValueError: ``--head.*`` was set: it shapes the supervised tasks' head, which an agent
+            does not have (its heads are ``--task.agent.*``).
+    """
+    if config.head != HeadConfig():
+        raise ValueError(
+            f"head.hidden_sizes={list(config.head.hidden_sizes)}: --head.* shapes the "
+            "supervised tasks' MLP head, and an RL agent has none; its policy and value heads "
+            "are set by --task.agent.hidden-size (and its encoder by --task.agent.conv-channels, "
+            "--task.agent.kernel-size)"
+        )
     return task.agent(config.model, config.model_config())
 
 
