@@ -469,3 +469,20 @@ def test_batch_fields_are_token_ids(sample: Path) -> None:
     assert isinstance(batch, Batch) and batch.inputs.dtype == torch.int64
     assert batch.inputs.shape == batch.targets.shape == (4, 5)
     assert os.fspath(task.config.data_dir) == os.fspath(sample.absolute())
+
+
+@pytest.mark.parametrize(
+    ("preset", "tokens", "batch", "epochs"),
+    [("wt2-port", 2_088_628, 64, 100), ("wt2-port-lstm", 2_088_628, 64, 100)]
+    + [("paper", 103_227_021, 384, 50)],
+)
+def test_epoch_presets_evaluate_once_per_epoch(
+    preset: str, tokens: int, batch: int, epochs: int
+) -> None:
+    """An epoch is the windows of one batchified row of the training split (docs/tasks.md
+    §3.1's token counts): WikiText-2 at batch 64 has 327, not the 326 the port's presets had,
+    which let the evaluations drift off the epochs' ends."""
+    config = next(e for e in list_presets("lm") if e.name == preset).function()
+    rows = batchify(torch.zeros(tokens, dtype=torch.int32), batch)
+    epoch = num_windows(rows.shape[1], config.task.bptt)
+    assert config.eval_every == epoch and config.steps == epochs * epoch

@@ -6,11 +6,19 @@ Each sets both the RMC and an LSTM, so ``--model lstm`` trains the baseline of t
 from __future__ import annotations
 
 from relmem.models import LSTMModelConfig, RMCModelConfig
+from relmem.tasks.language_model import wikitext
+from relmem.tasks.language_model.batching import num_windows
 from relmem.tasks.language_model.task import LanguageModelConfig
 from relmem.tasks.registry import register_preset
 from relmem.train.config import OptimConfig, TrainConfig
 
 __all__ = ["lm_cpu", "lm_paper", "lm_wt2_port", "lm_wt2_port_lstm"]
+
+
+def _windows_per_epoch(dataset: str, batch: int, bptt: int) -> int:
+    """Training steps in one epoch: the windows of one of the ``batch`` rows that
+    ``batchify`` cuts the release's training tokens into."""
+    return num_windows(wikitext.RELEASES[dataset].tokens["train"] // batch, bptt)
 
 
 @register_preset("lm", "cpu", default=True)
@@ -48,6 +56,7 @@ def lm_cpu() -> TrainConfig[LanguageModelConfig]:
 
 
 def _wt2_port(model: str, embedding_size: int) -> TrainConfig[LanguageModelConfig]:
+    epoch = _windows_per_epoch("wikitext-2", 64, 100)  # 327
     return TrainConfig(
         task=LanguageModelConfig(
             dataset="wikitext-2",
@@ -63,12 +72,12 @@ def _wt2_port(model: str, embedding_size: int) -> TrainConfig[LanguageModelConfi
         ),
         lstm=LSTMModelConfig(hidden_size=300),
         optim=OptimConfig(lr=1e-3, grad_clip=0.1, schedule="plateau"),
-        steps=100 * 326,  # 100 epochs of WikiText-2 at batch 64, BPTT 100 (326 windows each)
+        steps=100 * epoch,  # 100 epochs of WikiText-2 at batch 64, BPTT 100
         batch_size=64,
         eval_batch=64,
-        eval_every=326,
+        eval_every=epoch,
         log_every=50,
-        checkpoint_every=326,
+        checkpoint_every=epoch,
     )
 
 
@@ -95,16 +104,17 @@ def lm_paper() -> TrainConfig[LanguageModelConfig]:
     Adam 1e-3, clipping 0.1, BPTT 100, batch 384 (the paper's 6 GPUs x 64). The training
     length is not in the paper: 50 epochs here. The LSTM settings (one layer of 2048) are not
     the paper's."""
+    epoch = _windows_per_epoch("wikitext-103", 384, 100)  # 2689
     return TrainConfig(
         task=LanguageModelConfig(dataset="wikitext-103", bptt=100, embedding_size=512),
         model="rmc",
         rmc=RMCModelConfig(mem_slots=1, head_size=625, num_heads=4, attention_mlp_layers=5),
         lstm=LSTMModelConfig(hidden_size=2048),
         optim=OptimConfig(lr=1e-3, grad_clip=0.1),
-        steps=50 * 2689,  # 50 epochs of WikiText-103 at batch 384, BPTT 100
+        steps=50 * epoch,  # 50 epochs of WikiText-103 at batch 384, BPTT 100
         batch_size=384,
         eval_batch=384,
-        eval_every=2689,
+        eval_every=epoch,
         log_every=100,
         checkpoint_every=1000,
     )
