@@ -325,7 +325,7 @@ def one_step_batch(env: MiniPacman) -> np.ndarray:
 
 # ---------------------------------------------------------------- §2.10.4 random policy
 
-# [PE] under a uniform random policy, 300 episodes per task (docs/rl.md §2.8): mean return,
+# [PE] under a uniform random policy, 300 episodes per task (docs/rl.md §2.6): mean return,
 # and its standard deviation where published (else this run's is used for both samples).
 RANDOM_POLICY = {"regular": (9.1, 8.2), "avoid": (-16.9, None), "hunt": (-19.9, None),
                  "ambush": (-21.0, None), "rush": (0.5, None)}  # fmt: skip
