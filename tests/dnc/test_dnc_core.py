@@ -309,8 +309,15 @@ def test_bad_options_raise_clear_errors(kwargs, error, message):
 
 def test_bad_inputs_raise_clear_errors():
     model = DNC(3, 8, memory_size=4, word_size=2)
-    with pytest.raises(ValueError, match=r"expected input \[B, input_size=3\], got shape \(2, 5\)"):
+    # the sequence's shape as passed, not one step's, and the module that was called
+    message = r"DNC: expected input_size=3 features per step \(the last axis\), got input of "
+    message += r"shape \(4, 2, 5\)"
+    with pytest.raises(ValueError, match=message):
         model(torch.randn(4, 2, 5))
+    with pytest.raises(
+        ValueError, match=r"DNCCell: expected input \[B, input_size=3\], got shape \(2, 5\)"
+    ):
+        model.cell(torch.randn(2, 5))
     with pytest.raises(ValueError, match=r"rank >= 3"):
         model(torch.randn(4, 3))
     with pytest.raises(TypeError, match="input dtype torch.float64 differs"):

@@ -130,7 +130,7 @@ def test_bad_arguments_raise_clear_errors():
     with pytest.raises(ValueError, match="controller must be 'gru' or 'lstm', got 'rnn'"):
         MemoryControllerLayer(4, controller="rnn")
     layer = make()
-    with pytest.raises(ValueError, match=r"expected input \[B, input_size=6\]"):
+    with pytest.raises(ValueError, match=r"d_model=6 features per step.*shape \(5, 3, 4\)"):
         layer(torch.randn(5, 3, 4, dtype=f64))
     with pytest.raises(ValueError, match=r"state.controller\[0\] batch size mismatch"):
         state = layer.initial_state(3)

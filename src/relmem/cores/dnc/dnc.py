@@ -74,14 +74,31 @@ class DNCState(NamedTuple):
 
 
 def check_step_input(
-    owner: str, input: Any, size: int, device: torch.device, dtype: torch.dtype
+    owner: str,
+    input: Any,
+    size: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    size_name: str = "input_size",
+    sequence_shape: tuple[int, ...] | None = None,
 ) -> None:
-    """Validate one step's input ``[B, size]``: type, shape, dtype (unless autocast), device."""
+    """Validate one step's input ``[B, size]``: type, shape, dtype (unless autocast), device.
+
+    ``size_name`` is the constructor argument that set ``size``; ``sequence_shape``, when the
+    step is the first of a sequence, is the sequence's shape as the caller passed it (the
+    errors show it rather than one step's).
+    """
     if not isinstance(input, Tensor):
         raise TypeError(f"{owner}: input must be a torch.Tensor, got {type(input).__name__}")
     if input.dim() != 2 or input.shape[1] != size:
+        if sequence_shape is not None:
+            raise ValueError(
+                f"{owner}: expected {size_name}={size} features per step (the last axis), got "
+                f"input of shape {sequence_shape}"
+            )
         raise ValueError(
-            f"{owner}: expected input [B, input_size={size}], got shape {tuple(input.shape)}"
+            f"{owner}: expected input [B, {size_name}={size}], got shape {tuple(input.shape)}"
         )
     if input.shape[0] == 0:
         raise ValueError(f"{owner}: the input has an empty batch axis: {tuple(input.shape)}")
@@ -393,7 +410,16 @@ class DNC(nn.Module):
                 f"{type(self).__name__}: expected input of rank 3 ([T, B, X] or [B, T, X]), got "
                 f"shape {tuple(seq.inputs.shape)} (time-major)"
             )
-        cell.check_input(seq.inputs[0])
+        shown = tuple(input.shape) if isinstance(input, Tensor) else tuple(seq.inputs.shape)
+        device, dtype = cell.factory_defaults()
+        check_step_input(
+            type(self).__name__,
+            seq.inputs[0],
+            cell.input_size,
+            device,
+            dtype,
+            sequence_shape=shown,
+        )
         batch = seq.inputs.shape[1]
         state = cell.initial_state(batch) if state is None else cell.check_state(state, batch)
         outputs, final_state = run_cell_loop(cell.step, seq.inputs, state, seq.lengths)

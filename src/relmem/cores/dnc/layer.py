@@ -198,7 +198,10 @@ class MemoryControllerLayer(nn.Module):
         if d.dim() != 3:
             raise ValueError(f"{name}: expected input of rank 3, got shape {tuple(d.shape)}")
         device, dtype = self.memory.factory_defaults()
-        check_step_input(name, d[0], self.d_model, device, dtype)
+        shown = tuple(input.shape) if isinstance(input, Tensor) else tuple(d.shape)
+        check_step_input(
+            name, d[0], self.d_model, device, dtype, size_name="d_model", sequence_shape=shown
+        )
         steps, batch = d.shape[0], d.shape[1]
         state = self.initial_state(batch) if state is None else self.check_state(state, batch)
         x = d
