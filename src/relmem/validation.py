@@ -13,6 +13,7 @@ Two message styles, one per kind of caller, so that an error always names what w
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 import torch
@@ -22,10 +23,22 @@ def _prefix(owner: str | None) -> str:
     return f"{owner}: " if owner else ""
 
 
+def as_int(value: Any) -> int | None:
+    """``value`` as a Python ``int`` if it is an integer (Python's or NumPy's, anything with
+    ``__index__``) and not a ``bool``; else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def check_int(
     name: str, value: Any, minimum: int = 1, *, owner: str | None = None, optional: bool = False
 ) -> int | None:
-    """``value`` if it is an ``int`` (not a ``bool``) ``>= minimum`` (or None, if ``optional``).
+    """``value`` as an ``int`` if it is an integer (:func:`as_int`) ``>= minimum`` (or None, if
+    ``optional``).
 
     Raises:
         ValueError: ``"{owner}: {name} must be an integer >= {minimum}, got {value!r}"``
@@ -33,10 +46,11 @@ def check_int(
     """
     if optional and value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    number = as_int(value)
+    if number is None or number < minimum:
         kind = "None or an integer" if optional else "an integer"
         raise ValueError(f"{_prefix(owner)}{name} must be {kind} >= {minimum}, got {value!r}")
-    return value
+    return number
 
 
 def check_bool(name: str, value: Any, *, owner: str | None = None) -> bool:

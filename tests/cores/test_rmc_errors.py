@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence
@@ -218,6 +219,16 @@ def test_sequence_state_errors(core):
 def test_initial_state_bad_batch_size(cell, batch_size):
     with pytest.raises(ValueError, match=r"batch_size must be an integer >= 1"):
         cell.initial_state(batch_size)
+
+
+def test_numpy_integers_are_integers():
+    """Sizes from a NumPy sweep (``np.int64``) are integers, stored as Python ints; they were
+    refused as 'must be an integer, got np.int64(2)'."""
+    core = RelationalMemory(np.int64(3), np.int64(2), np.int32(4), num_heads=np.int64(2))
+    assert type(core.config.mem_slots) is int and core.config.mem_size == 8
+    config = RMCConfig(3, 2, 4, key_size=np.int64(3), input_rows=np.int16(2))
+    assert (type(config.key_size), type(config.input_rows)) == (int, int)
+    assert core.cell.initial_state(np.int64(5)).memory.shape == (5, 2, 8)
 
 
 # ---------------------------------------------------------------- sequence input

@@ -349,10 +349,9 @@ class DNCMemory(nn.Module):
             batch_size: B.
             device, dtype: default to the module's.
         """
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(
-                f"initial_state: batch_size must be an integer >= 1, got {batch_size!r}"
-            )
+        batch_size = check_int(
+            "batch_size", batch_size, owner=f"{type(self).__name__}.initial_state"
+        )
         default_device, default_dtype = self.factory_defaults()
         device = default_device if device is None else torch.device(device)
         dtype = default_dtype if dtype is None else dtype

@@ -13,7 +13,7 @@ from typing import Any, Literal, NamedTuple
 
 from torch import Tensor
 
-from relmem.validation import check_bool
+from relmem.validation import as_int, check_bool, check_int
 
 GateStyle = Literal["unit", "memory"] | None
 QueryRows = Literal["all", "memory"]
@@ -119,27 +119,24 @@ class RMCConfig:
             "num_blocks": self.num_blocks,
             "attention_mlp_layers": self.attention_mlp_layers,
         }
-        for name, value in positive.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"RMCConfig: {name} must be an integer >= 1, got {value!r}")
-        if self.key_size is not None and (
-            isinstance(self.key_size, bool)
-            or not isinstance(self.key_size, int)
-            or self.key_size < 0
-        ):
-            raise ValueError(
-                f"RMCConfig: key_size must be None or an integer >= 0 (0/None mean key_size = "
-                f"head_size), got {self.key_size!r}"
-            )
-        if self.input_rows is not None and (
-            isinstance(self.input_rows, bool)
-            or not isinstance(self.input_rows, int)
-            or self.input_rows < 1
-        ):
-            raise ValueError(
-                f"RMCConfig: input_rows must be None (vector input) or an integer >= 1 "
-                f"(matrix input with that many rows), got {self.input_rows!r}"
-            )
+        for name, value in positive.items():  # stored as Python ints (NumPy's are accepted)
+            object.__setattr__(self, name, check_int(name, value, owner="RMCConfig"))
+        if self.key_size is not None:
+            key_size = as_int(self.key_size)
+            if key_size is None or key_size < 0:
+                raise ValueError(
+                    f"RMCConfig: key_size must be None or an integer >= 0 (0/None mean "
+                    f"key_size = head_size), got {self.key_size!r}"
+                )
+            object.__setattr__(self, "key_size", key_size)
+        if self.input_rows is not None:
+            input_rows = as_int(self.input_rows)
+            if input_rows is None or input_rows < 1:
+                raise ValueError(
+                    f"RMCConfig: input_rows must be None (vector input) or an integer >= 1 "
+                    f"(matrix input with that many rows), got {self.input_rows!r}"
+                )
+            object.__setattr__(self, "input_rows", input_rows)
         if self.gate_style not in ("unit", "memory", None):
             raise ValueError(
                 f"RMCConfig: gate_style must be 'unit', 'memory' or None, got {self.gate_style!r}"

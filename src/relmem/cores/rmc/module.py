@@ -48,7 +48,7 @@ from relmem.cores.rmc.fast import (
 )
 from relmem.cores.rmc.fused import load_fused_ops, prepare_fused
 from relmem.cores.rmc.reference import AttentionBlock, AttentionMLP, reference_step
-from relmem.validation import check_bool, check_factory
+from relmem.validation import check_bool, check_factory, check_int
 
 _ARGUMENTS_MARKER = "        <RMCConfig arguments>\n"
 _POSITIONAL_UNTIL = "input_rows"  # RMCConfig's fields up to this one may be given positionally
@@ -283,10 +283,9 @@ class RelationalMemoryCell(nn.Module):
         Returns:
             :class:`RMCState` with ``memory [B, N, M]`` (constant, no gradient).
         """
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(
-                f"initial_state: batch_size must be an integer >= 1, got {batch_size!r}"
-            )
+        batch_size = check_int(
+            "batch_size", batch_size, owner=f"{type(self).__name__}.initial_state"
+        )
         default_device, default_dtype = self._factory_defaults()
         device = default_device if device is None else torch.device(device)
         dtype = default_dtype if dtype is None else dtype
@@ -398,7 +397,7 @@ class RelationalMemoryCell(nn.Module):
         Args:
             input: ``[B, F]`` (vector mode) or ``[B, n, F]`` (matrix mode).
             state: :class:`RMCState` (or a ``[B, N, M]`` memory tensor); None starts from
-                :meth:`initial_state` on the input's device and dtype.
+                :meth:`initial_state` on the parameters' device and dtype.
             return_details: also return :class:`RMCStepDetails` (gates and attention weights).
 
         Returns:
