@@ -211,6 +211,40 @@ def test_build_failure_names_the_way_out(monkeypatch: pytest.MonkeyPatch) -> Non
         fused_module.load_fused_ops()
 
 
+def test_an_interrupted_build_does_not_hang_the_next(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """A build killed while compiling leaves torch's lock file, on which every later load
+    waited forever, silently. The next load removes it, with a warning, under the build's own
+    lock (an flock, held across the load, which a killed process cannot leave behind)."""
+    from filelock import FileLock, Timeout
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    directory = fused_module.build_directory()
+    assert directory.parent == tmp_path and torch.__version__ in directory.name
+    directory.mkdir()
+    (directory / "lock").touch()  # what a SIGKILL during the compile leaves
+    seen = []
+
+    def load(**kwargs):
+        other = FileLock(directory / "relmem-build.lock", timeout=0)
+        with pytest.raises(Timeout):  # a second process would wait for this build
+            other.acquire()
+        seen.append((kwargs["build_directory"], (directory / "lock").exists()))
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    fused_module._build_failure.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="left by a build .* that was interrupted"):
+            fused_module.load_fused_ops()
+        assert seen == [(str(directory), False)]
+    finally:
+        monkeypatch.undo()
+        fused_module._build_failure.cache_clear()
+        fused_module.load_fused_ops()
+
+
 def test_prefer_fused_switches_the_auto_cores_on_the_cpu() -> None:
     """Cores left on 'auto' take the fused step on the CPU; explicit choices, and every core
     off the CPU, are left as they are."""
