@@ -148,3 +148,83 @@ def test_the_lock_names_its_holder(tmp_path: Path) -> None:
     finally:
         held.release()
     RunLock(tmp_path).release()  # free again
+
+
+def test_a_record_without_a_step_stops_a_resume_instead_of_cutting_there(tmp_path: Path) -> None:
+    """A parsable middle line without an integer step cut the file there on resume (80
+    records to 6, silently); it is named like an unparsable one."""
+    path = tmp_path / "metrics.jsonl"
+    text = '{"step": 5}\n{"train/loss": 1}\n{"step": 10}\n'
+    path.write_text(text)
+    with pytest.raises(MetricsFileError, match="line 2, has no integer step"):
+        JsonlLogger(path, resume_step=10)
+    assert path.read_text() == text
+
+
+def _steps(run_dir: Path) -> list[str]:
+    return [p.name for p in ckpt_io.list_checkpoints(run_dir)]
+
+
+def test_resuming_an_earlier_checkpoint_sets_the_later_ones_aside(run_dir: Path, capsys) -> None:
+    """Resumed at step 10 of a run that went on to 20 (keep 1): the step-20 checkpoint of the
+    replaced history was kept by pruning (the highest step) and the new step-15 deleted; now
+    it is moved aside, and latest names the new checkpoint."""
+    root = run_dir / ckpt_io.CHECKPOINT_DIR
+    shutil.copytree(root / "step-00000020", root / ckpt_io.BEST_NAME)  # best saved at step 20
+    older = root / "step-00000010"
+    argv = ["train", "nth-farthest", "--resume", str(older), "--steps", "15"]
+    assert cli.main([*argv, "--checkpoint-every", "15", "--keep-checkpoints", "1"]) == 0
+    aside = run_dir / ckpt_io.CHECKPOINT_DIR / "abandoned-after-step-00000010"
+    assert f"kept in {aside}" in capsys.readouterr().out
+    assert (aside / "step-00000020").is_dir() and (aside / ckpt_io.BEST_NAME).is_dir()
+    assert ckpt_io.best_checkpoint(run_dir) is None
+    assert _steps(run_dir) == ["step-00000015"]
+    assert ckpt_io.resolve_checkpoint(run_dir).name == "step-00000015"
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")][-1] == 15
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--run-name", "forked", "--run-name cannot change when resuming"),
+        ("--out-dir", "elsewhere", "--out-dir cannot change when resuming"),
+        ("--model", "lstm", "--model cannot change when resuming"),
+        ("--rmc.head-size", "4", r"--rmc\.head-size cannot change when resuming \(the run has 8"),
+        ("--head.hidden-sizes", "16", "--head.hidden-sizes cannot change when resuming"),
+    ],
+)
+def test_resume_refuses_a_new_place_or_model(run_dir: Path, option, value, message, capsys):
+    """These overrides were taken silently (--run-name, --out-dir: the run stayed where it was
+    and its config.json named the new place) or failed in load_state_dict with several KB of
+    size mismatches. The implementation may change: it computes the same function."""
+    before = (run_dir / "config.json").read_text()
+    argv = ["train", "nth-farthest", "--resume", str(run_dir), "--steps", "25"]
+    assert cli.main([*argv, option, value]) == 2
+    assert capsys.readouterr().err.count("cannot change") == 1
+    assert (run_dir / "config.json").read_text() == before
+    with pytest.raises(ValueError, match=message):
+        from relmem.commands.train import parse
+
+        parse(["nth-farthest", "--resume", str(run_dir), option, value])
+    assert cli.main([*argv, "--rmc.implementation", "reference"]) == 0
+
+
+def test_resume_refuses_fewer_steps_than_it_has_taken(run_dir: Path, capsys) -> None:
+    """--steps 10 on a run at step 20 reported 'completed' and wrote steps 10 into its config."""
+    before = (run_dir / "config.json").read_text()
+    assert cli.main(["train", "nth-farthest", "--resume", str(run_dir), "--steps", "10"]) == 2
+    assert "--steps 10 is below the step of" in capsys.readouterr().err
+    assert (run_dir / "config.json").read_text() == before
+
+
+@pytest.mark.parametrize("contents", ["config.json", "notes.txt"])
+def test_a_new_run_refuses_a_directory_that_is_not_empty(tmp_path: Path, tiny, contents) -> None:
+    """A run directory without checkpoints (deleted to save space, or a first run killed
+    early) lost its metrics and config to a new run of the same name; a folder of other files
+    got run files written among them."""
+    occupied = tmp_path / "run"
+    occupied.mkdir()
+    (occupied / contents).write_text("{}")
+    with pytest.raises(FileExistsError, match=f"not empty \\({contents}\\)"):
+        run(tiny(), "nth-farthest")
+    assert [p.name for p in occupied.iterdir()] == [contents]

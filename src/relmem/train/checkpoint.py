@@ -130,6 +130,45 @@ def save_checkpoint(
     return final
 
 
+def set_aside_newer(run_dir: Path, step: int) -> Path | None:
+    """Move ``run_dir``'s checkpoints past ``step`` out of the way of a run resumed at
+    ``step``.
+
+    They belong to a history the resumed run replaces (its metrics are cut back to ``step``):
+    left in place, pruning, which keeps the highest steps, would delete the resumed run's new
+    checkpoints and keep them, and ``best`` could name weights the new history never had. The
+    ``step-*`` directories past ``step``, and ``best`` when it was saved past ``step``, go to
+    ``checkpoints/abandoned-after-step-NNNNNNNN`` (``-2``, ``-3``, ... if taken), and
+    ``latest`` names ``step``'s checkpoint.
+
+    Returns:
+        The folder they were moved to, or None when nothing was past ``step``.
+    """
+    root = Path(run_dir) / CHECKPOINT_DIR
+    newer = [p for p in list_checkpoints(run_dir) if int(p.name.split("-")[1]) > step]
+    best = best_checkpoint(run_dir)
+    if best is not None:
+        try:
+            best_step = json.loads((best / META_FILE).read_text())["step"]
+        except (OSError, ValueError, KeyError):
+            best_step = None  # unreadable: keep it where eval reports it
+        if isinstance(best_step, int) and best_step > step:
+            newer.append(best)
+    if not newer:
+        return None
+    folder = root / f"abandoned-after-{checkpoint_name(step)}"
+    suffix = 1
+    while folder.exists():
+        suffix += 1
+        folder = root / f"abandoned-after-{checkpoint_name(step)}-{suffix}"
+    folder.mkdir()
+    for path in newer:
+        os.replace(path, folder / path.name)
+    if (root / checkpoint_name(step)).is_dir():
+        _write_text_atomic(root / LATEST_FILE, checkpoint_name(step) + "\n")
+    return folder
+
+
 def save_best(run_dir: Path, step: int, model: nn.Module, record: dict[str, Any]) -> Path:
     """Write ``model``'s weights as ``checkpoints/best`` atomically (replacing the previous
     one), with ``record`` (the step and the metric) as its training state."""

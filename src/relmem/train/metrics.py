@@ -60,7 +60,8 @@ def _scan(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], int, bool]:
     The last line is torn when it lacks its newline or does not parse: a kill cut its write.
 
     Raises:
-        MetricsFileError: an earlier line does not parse (the file is damaged otherwise).
+        MetricsFileError: an earlier line does not parse, or a complete record has no integer
+            ``step`` (the file is damaged otherwise; a resume would cut it there).
     """
     data = path.read_bytes()
     lines = data.split(b"\n")  # the last item follows the last newline (b"" when complete)
@@ -77,6 +78,12 @@ def _scan(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], int, bool]:
                     )
                 torn = True
                 break
+            step = record.get("step")
+            if isinstance(step, bool) or not isinstance(step, int):
+                raise MetricsFileError(
+                    f"{path}, line {number}, has no integer step ({line[:80]!r}); remove or "
+                    "repair that line"
+                )
             records.append((offset, record))
         offset += len(line) + 1
     return records, min(offset, len(data)), torn
@@ -140,8 +147,7 @@ def resume_cut(path: Path, resume_step: int) -> int | None:
             flush=True,
         )
     for offset, record in records:
-        step = record.get("step")
-        if not isinstance(step, int) or step > resume_step or record.get(STOP_KEY):
+        if record["step"] > resume_step or record.get(STOP_KEY):
             return offset
     return end
 

@@ -80,24 +80,46 @@ def write_json(path: Path, data: Any) -> None:
 def new_run_dir(config: TrainConfig, task_name: str, info: DistInfo) -> Path:
     """``out_dir / run_name`` (default ``{task}-{model}-{UTC time}``), the same on every rank.
 
+    Rank 0 decides and checks, and every rank gets its verdict, so that no rank can see the
+    directory rank 0 is about to fill.
+
     Raises:
-        FileExistsError: the directory already holds checkpoints (resume it instead).
+        FileExistsError: the directory exists and is not empty: another run's (a run without
+            a checkpoint yet would lose its metrics and config) or not a run at all.
     """
     name = config.run_name
     if name is None:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
         name = f"{task_name}-{config.model}-{stamp}"
-    if info.enabled:  # every rank must agree on the (time-stamped) name
-        holder = [name]
+    problem = _occupied(config.out_dir / name) if info.is_main else None
+    if info.enabled:  # every rank must agree on the (time-stamped) name and the verdict
+        holder = [name, problem]
         dist.broadcast_object_list(holder, src=0)
-        name = holder[0]
-    run_dir = config.out_dir / name
+        name, problem = holder
+    if problem is not None:
+        raise FileExistsError(problem)
+    return config.out_dir / name
+
+
+def _occupied(run_dir: Path) -> str | None:
+    """Why a new run cannot start in ``run_dir``, or None when it is absent or empty."""
+    if not run_dir.exists():
+        return None
+    if not run_dir.is_dir():
+        return f"{run_dir} exists and is not a directory; choose another --run-name"
+    entries = sorted(entry.name for entry in run_dir.iterdir())
+    if not entries:
+        return None
     if ckpt_io.list_checkpoints(run_dir):
-        raise FileExistsError(
+        return (
             f"run directory {run_dir} already holds checkpoints; pass --resume {run_dir} to "
             "continue it, or choose another --run-name"
         )
-    return run_dir
+    shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+    return (
+        f"{run_dir} already exists and is not empty ({shown}); a new run starts in an empty "
+        "directory: choose another --run-name (or --out-dir), or remove it"
+    )
 
 
 def read_invocations(run_dir: Path) -> dict[str, Any] | None:

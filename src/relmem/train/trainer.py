@@ -182,8 +182,8 @@ class Trainer:
             bound; :func:`~relmem.train.runs.check_model_size`).
 
     Raises:
-        ValueError: a setting does not fit the machine (bf16 off CUDA, indivisible batch), or
-            the model is over ``max_parameters``.
+        ValueError: a setting does not fit the machine (bf16 off CUDA, indivisible batch), the
+            model is over ``max_parameters``, or ``steps`` is below a resumed checkpoint's step.
         CheckpointError: ``config.resume`` names a damaged or missing checkpoint.
     """
 
@@ -236,6 +236,12 @@ class Trainer:
         self.state: Any = None  # the carried recurrent state of a stateful task (None: initial)
         if saved is not None:
             self._restore(saved)
+            if config.steps < self.progress.step:
+                raise ValueError(
+                    f"--steps {config.steps} is below the step of {resume} "
+                    f"({self.progress.step}): a resumed run trains up to --steps; pass a larger "
+                    "one to train further, or resume an earlier checkpoint"
+                )
         self.wrapped: nn.Module = self.model
         if info.enabled:
             ids = [device.index] if device.type == "cuda" else None
@@ -315,9 +321,17 @@ class Trainer:
             jsonl = JsonlLogger(
                 self.run_dir / "metrics.jsonl", resume_step=step if resumed else None
             )
+            abandoned = ckpt_io.set_aside_newer(self.run_dir, step) if resumed else None
         except BaseException:
             self.lock.release()
             raise
+        if abandoned is not None:
+            print(
+                f"relmem: resuming at step {step}, before the run's newest checkpoints: they "
+                f"and their metrics belong to the history this run replaces; the checkpoints "
+                f"are kept in {abandoned}",
+                flush=True,
+            )
         # overrides given with --resume (e.g. more steps) become the run's config
         write_json(
             self.run_dir / "config.json",
