@@ -168,6 +168,62 @@ def test_bench_rejects_values_out_of_range(
     assert message in " ".join(capsys.readouterr().err.split())
 
 
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    """The one line ``relmem bench`` printed on stderr (asserted to be one)."""
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("relmem bench: error: "), lines
+    return lines[0]
+
+
+@pytest.fixture
+def no_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make timing a configuration fail the test: a bad option must be refused before."""
+    monkeypatch.setattr(
+        "relmem.commands.bench.run_config", lambda *_, **__: pytest.fail("timed anyway")
+    )
+
+
+@pytest.mark.parametrize(
+    "device,message",
+    [
+        ("nosuch", "--device must be cpu, cuda or cuda:N, got 'nosuch'"),
+        ("meta", "--device must be cpu, cuda or cuda:N, got 'meta'"),
+        (f"cuda:{torch.cuda.device_count()}", "CUDA device(s); use --device cpu"),
+    ],
+)
+def test_bench_refuses_a_device_it_cannot_time_on(
+    tmp_path: Path, device: str, message: str, no_timing: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*tiny_run(tmp_path / "out", 2), "--device", device]) == 2
+    assert message in one_error_line(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["file", "file/sub"])
+def test_bench_refuses_an_out_that_is_no_directory_before_timing(
+    tmp_path: Path, name: str, no_timing: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("not a directory\n")
+    out = tmp_path / name
+    assert main(tiny_run(out, 2)) == 2
+    line = one_error_line(capsys)
+    assert f"--out {out}" in line and "give a directory" in line
+
+
+def test_bench_refuses_an_out_it_cannot_write_in_before_timing(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    no_timing: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def read_only(**_: object) -> None:  # what a read-only directory does (root writes anyway)
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("relmem.benchmarking.report.tempfile.TemporaryFile", read_only)
+    assert main(tiny_run(tmp_path, 2)) == 2
+    assert f"--out {tmp_path}: Permission denied" in one_error_line(capsys)
+
+
 @pytest.mark.parametrize("argv", [["--repeat", "x"], ["--configs", "huge"], ["--bogus"]])
 def test_bench_rejects_malformed_options(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
@@ -273,6 +329,17 @@ def test_bench_rejects_an_unusable_port_file(
     assert main(tiny_run(tmp_path, 2, "--against-port", str(path))) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_bench_refuses_a_port_file_that_is_not_python(
+    tmp_path: Path, no_timing: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "relational_rnn_general.txt"
+    path.write_text(PORT_STAND_IN)
+    assert main(tiny_run(tmp_path, 2, "--against-port", str(path))) == 2
+    line = one_error_line(capsys)
+    assert f"--against-port: {path} is not a Python (.py) file" in line
+    assert "relational_rnn_general.py" in line
 
 
 def test_precision_script_writes_its_records(tmp_path: Path) -> None:

@@ -62,3 +62,30 @@ def test_eval_and_plot(tiny, tmp_path: Path, capsys) -> None:
     assert (plots / "attention_example_0.png").stat().st_size > 0
     assert cli.main(["eval", str(tmp_path / "missing")]) == 2
     assert "config.json not found" in capsys.readouterr().err
+
+
+def test_plot_names_a_png_it_cannot_write(tiny, tmp_path: Path, monkeypatch, capsys) -> None:
+    run(tiny(steps=10, checkpoint_every=10), "nth-farthest")
+    out = tmp_path / "read-only"
+
+    def read_only(self, path, *args, **kwargs) -> None:  # root writes anyway: no chmod test
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr("matplotlib.figure.Figure.savefig", read_only)
+    capsys.readouterr()
+    assert cli.main(["plot", str(tmp_path / "run"), "--out", str(out)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        f"relmem plot: error: {out / 'curves.png'}: Permission denied "
+        f"(writing the plots in {out}; choose another --out DIR)"
+    ]
+
+
+def test_plot_examples_0_draws_the_curves_without_a_checkpoint(tiny, tmp_path: Path) -> None:
+    run(tiny(steps=20, checkpoint_every=10), "nth-farthest")
+    for weights in (tmp_path / "run" / "checkpoints").glob("step-*/model.safetensors"):
+        weights.write_text("junk")
+    assert cli.main(["plot", str(tmp_path / "run")]) == 2  # the attention maps need one
+    assert cli.main(["plot", str(tmp_path / "run"), "--examples", "0"]) == 0
+    plots = tmp_path / "run" / "plots"
+    assert (plots / "curves.png").stat().st_size > 0 and not list(plots.glob("attention_*"))

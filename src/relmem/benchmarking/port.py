@@ -56,14 +56,17 @@ def load_port_class(path: Path) -> type[nn.Module]:
         path: the user's copy of ``relational_rnn_general.py``.
 
     Raises:
-        PortError: the file is missing, does not import, or has no ``RelationalMemory``
-            ``nn.Module`` taking ``mem_slots, head_size, input_size``.
+        PortError: the file is missing, is not a ``.py`` file, does not import, or has no
+            ``RelationalMemory`` ``nn.Module`` taking ``mem_slots, head_size, input_size``.
     """
     path = Path(path)
+    expected = f"give your copy of L0SG/relational-rnn-pytorch's {PORT_FILE}"
     if not path.is_file():
-        raise PortError(f"--against-port: no such file: {path}")
+        raise PortError(f"--against-port: no such file: {path}; {expected}")
+    if path.suffix != ".py":
+        raise PortError(f"--against-port: {path} is not a Python (.py) file; {expected}")
     spec = importlib.util.spec_from_file_location("relmem_port_under_test", path)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None and spec.loader is not None  # a .py file has a source loader
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -74,17 +75,43 @@ def summary(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def prepare_out_dir(out: Path) -> None:
+    """Create the directory ``out`` (and its parents) if it is missing and check that a file
+    can be written in it; ``relmem bench`` does so before timing, so that a bad ``--out`` costs
+    no timings.
+
+    Raises:
+        ValueError: ``out`` is a file, or cannot be created or written in (the message names
+            ``--out``, ``out`` and the system's reason).
+    """
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except FileExistsError:  # from mkdir: something that is not a directory has its name
+        raise ValueError(
+            f"--out {out} exists and is not a directory; give a directory for the results"
+        ) from None
+    except OSError as exc:
+        raise ValueError(
+            f"--out {out}: {exc.strerror or exc}; give a directory the results can be written in"
+        ) from None
+
+
 def write_results(
     out: Path, device_type: str, payload: dict[str, Any], *, now: dt.datetime | None = None
 ) -> Path:
     """Write ``payload`` to ``out/bench-<device_type>-<UTC time>.json``; return the path.
 
-    Adds ``finished_utc`` (the time in the name) and ``load_average_end``.
+    Args:
+        out: a directory :func:`prepare_out_dir` has accepted.
+        device_type: ``cpu`` or ``cuda``, for the name.
+        payload: the file's content but for the two keys added: ``finished_utc`` (the time in
+            the name) and ``load_average_end``.
+        now: the time to record (default: now).
     """
     now = now or dt.datetime.now(dt.timezone.utc)
     stamp = now.strftime("%Y%m%dT%H%M%SZ")
     load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    out.mkdir(parents=True, exist_ok=True)
     path = out / f"bench-{device_type}-{stamp}.json"
     path.write_text(
         json.dumps({**payload, "finished_utc": stamp, "load_average_end": load}, indent=1)

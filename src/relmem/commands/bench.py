@@ -48,8 +48,8 @@ import torch
 import tyro
 
 from relmem.benchmarking.configs import CONFIGS, IMPLEMENTATIONS
-from relmem.benchmarking.port import PortError, file_sha256, load_port_class
-from relmem.benchmarking.report import progress_header, summary, write_results
+from relmem.benchmarking.port import file_sha256, load_port_class
+from relmem.benchmarking.report import prepare_out_dir, progress_header, summary, write_results
 from relmem.benchmarking.runner import run_config
 from relmem.env_info import machine_info
 from relmem.validation import check_at_least
@@ -67,7 +67,7 @@ class BenchArgs:
     """Time the RMC (reference, fast) against nn.LSTM; write JSON results."""
 
     device: str = field(default_factory=_default_device)
-    """Torch device to time on."""
+    """Device to time on: cpu, cuda or cuda:N."""
     configs: tuple[ConfigName, ...] = tuple(CONFIGS)
     """Configurations to time (see --list)."""
     only: tuple[ImplementationName, ...] | None = None
@@ -96,6 +96,30 @@ class BenchArgs:
         check_at_least("--", self, warmup=0, repeat=1, steps=1, batch=1, threads=1)
 
 
+def _device(name: str) -> torch.device:
+    """The device ``--device`` names, if the bench can time on it here.
+
+    Args:
+        name: ``cpu``, ``cuda`` or ``cuda:N`` (the timer synchronises no other device type).
+
+    Raises:
+        ValueError: ``name`` is none of those, or names a CUDA device this machine lacks.
+    """
+    try:
+        device = torch.device(name)
+    except RuntimeError:  # not a device string torch knows
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {name!r}")
+    count = torch.cuda.device_count()
+    if device.type == "cuda" and (device.index or 0) >= count:
+        raise ValueError(
+            f"--device {name}: this machine has {count} CUDA device(s); use --device cpu"
+            + (f" or cuda:0..cuda:{count - 1}" if count else "")
+        )
+    return device
+
+
 def parse(argv: list[str]) -> BenchArgs:
     """``relmem bench``'s options.
 
@@ -106,6 +130,12 @@ def parse(argv: list[str]) -> BenchArgs:
     return tyro.cli(BenchArgs, args=argv, prog="relmem bench", description=BenchArgs.__doc__)
 
 
+def _error(message: str) -> int:
+    """Print ``message`` as the one line of a failed ``relmem bench``; exit status 2."""
+    print(f"relmem bench: error: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``relmem bench``; returns the exit status."""
     args = parse(argv)
@@ -113,17 +143,12 @@ def main(argv: list[str]) -> int:
         for name, config in CONFIGS.items():
             print(f"{name:<15} T×B={config.shape} (CPU {config.cpu_shape})  {config.note}")
         return 0
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("relmem bench: CUDA is not available; use --device cpu")
-        return 2
-    port = None
-    if args.against_port is not None:
-        try:
-            port = load_port_class(args.against_port)
-        except PortError as exc:
-            print(f"relmem bench: {exc}", file=sys.stderr)
-            return 2
+    try:  # every option checked before the first timing
+        device = _device(args.device)
+        port = None if args.against_port is None else load_port_class(args.against_port)
+        prepare_out_dir(args.out)
+    except ValueError as exc:  # a PortError too; each message names its option
+        return _error(str(exc))
     if args.threads:
         torch.set_num_threads(args.threads)
     info = machine_info(device)

@@ -15,7 +15,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -40,7 +42,8 @@ class PlotArgs:
     Attributes:
         run_dir: the run directory written by ``relmem train``.
         out: output directory (None: ``RUN_DIR/plots``).
-        examples: held-out sequences to draw attention maps for (RMC runs).
+        examples: held-out sequences to draw attention maps for (RMC runs); 0 draws the
+            curves alone and reads no checkpoint.
         block: which attention block to draw (0-based).
         checkpoint: a checkpoint directory instead of the run's latest.
         max_parameters: refuse to build a model larger than this.
@@ -165,15 +168,22 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:  # tyro has printed help or a boxed error message
         return int(exc.code or 0)
     out = args.out or Path(args.run_dir) / "plots"
+    draw: Callable[[], int]
     try:
         if args.examples < 0:
             raise ValueError(f"--examples must be >= 0, got {args.examples}")
         task_name, config = load_run_config(args.run_dir)
-        if get_task(task_name).trainer is not None:
-            return _plot_rl(args, out, task_name, config)
-        config, task_name, task, model, ckpt = load_trained(
-            args.run_dir, args.checkpoint, max_parameters=args.max_parameters
-        )
+        entry = get_task(task_name)
+        if entry.trainer is not None:
+            draw = partial(_plot_rl, args, out, task_name, config)
+        elif args.examples == 0:  # the curves alone: no checkpoint is read
+            task = entry.build(config.task)
+            draw = partial(_plot_supervised, args, out, task_name, config, task, None)
+        else:
+            config, task_name, task, model, ckpt = load_trained(
+                args.run_dir, args.checkpoint, max_parameters=args.max_parameters
+            )
+            draw = partial(_plot_supervised, args, out, task_name, config, task, (model, ckpt))
     except (ValueError, TypeError, KeyError, CheckpointError, OSError) as exc:
         return _error(describe_error(exc, "--checkpoint"))
     try:
@@ -181,9 +191,26 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         reason = "not a directory" if out.exists() else exc.strerror or str(exc)
         return _error(f"--out {out}: {reason}")
-    metrics = Path(args.run_dir) / "metrics.jsonl"
     try:
-        records = read_metrics(metrics)
+        return draw()
+    except OSError as exc:  # a PNG that cannot be written: a read-only --out, a full disk
+        where = describe_error(exc, "--checkpoint")
+        return _error(f"{where} (writing the plots in {out}; choose another --out DIR)")
+
+
+def _plot_supervised(
+    args: PlotArgs,
+    out: Path,
+    task_name: str,
+    config: TrainConfig,
+    task: Task,
+    trained: tuple[SequenceModel, Path] | None,
+) -> int:
+    """``curves.png`` from ``metrics.jsonl`` and, given ``trained`` (the model and its
+    checkpoint directory), the attention maps; status 2 when the metrics cannot be read (the
+    maps are drawn all the same)."""
+    try:
+        records = read_metrics(Path(args.run_dir) / "metrics.jsonl")
     except (OSError, MetricsFileError) as exc:  # the attention maps need no metrics
         curves_error: str | None = describe_error(exc, "--checkpoint")
     else:
@@ -192,7 +219,7 @@ def main(argv: list[str]) -> int:
         title = f"{task_name} / {config.model} ({args.run_dir})"
         plot_curves(records, curves, title, task.plot_levels(), task.metric, task.extra_metrics)
         print(f"written {curves}")
-    code = _attention(args, out, config, task_name, task, model, ckpt)
+    code = 0 if trained is None else _attention(args, out, config, task_name, task, *trained)
     if curves_error is not None:
         return _error(f"no learning curves: {curves_error}")
     return code
@@ -203,7 +230,6 @@ def _plot_rl(args: PlotArgs, out: Path, task_name: str, config: TrainConfig) -> 
     from relmem.rl.runs import plot_curves as plot_rl_curves
 
     try:
-        out.mkdir(parents=True, exist_ok=True)
         records = read_metrics(Path(args.run_dir) / "metrics.jsonl")
     except (OSError, MetricsFileError) as exc:
         return _error(describe_error(exc, "--checkpoint"))
@@ -229,7 +255,8 @@ def _attention(
     model: SequenceModel,
     ckpt: Path,
 ) -> int:
-    """Draw the attention maps of ``args.examples`` held-out sequences (RMC, last-step task)."""
+    """Draw the attention maps of ``args.examples`` (>= 1) held-out sequences (RMC, last-step
+    task)."""
     if task.spec.per_step:
         print(f"no attention maps: they are drawn for last-step tasks, not {task_name!r}")
         return 0
@@ -239,8 +266,6 @@ def _attention(
         return 0
     if not 0 <= args.block < core.config.num_blocks:
         return _error(f"--block must be in 0..{core.config.num_blocks - 1}, got {args.block}")
-    if args.examples == 0:
-        return 0
     held_out = task.held_out(torch.device("cpu"))
     logits, _ = model(held_out.inputs[: args.examples])
     for i in range(min(args.examples, held_out.size)):
