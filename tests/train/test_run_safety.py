@@ -79,6 +79,36 @@ def test_eval_skips_a_checkpoint_with_damaged_weights(run_dir: Path, capsys) -> 
     assert "step-00000010" in captured.out
 
 
+def test_eval_passes_over_a_damaged_best_to_the_newest_intact_checkpoint(run_dir, capsys):
+    """A damaged checkpoints/best was reported with "No earlier checkpoint exists" (a name
+    comparison put every step-* after 'best') and no fallback was taken."""
+    root = run_dir / ckpt_io.CHECKPOINT_DIR
+    shutil.copytree(root / "step-00000010", root / ckpt_io.BEST_NAME)
+    assert cli.main(["eval", str(run_dir), "--device", "cpu"]) == 0
+    assert f"checkpoint {root / ckpt_io.BEST_NAME} (step 10)" in capsys.readouterr().out
+    weights = root / ckpt_io.BEST_NAME / ckpt_io.MODEL_FILE
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert cli.main(["eval", str(run_dir), "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert "best/model.safetensors is truncated" in captured.err
+    assert "using the newest intact checkpoint" in captured.err
+    assert "step-00000020" in captured.out
+    with pytest.raises(
+        ckpt_io.CheckpointError, match="previous intact checkpoint is .*step-00000020"
+    ):
+        ckpt_io.verify_checkpoint(root / ckpt_io.BEST_NAME, (ckpt_io.MODEL_FILE,))
+
+
+def test_the_suggested_fallback_is_itself_intact(run_dir: Path, capsys) -> None:
+    """With step 20's and step 10's training states both damaged, --resume suggested step 10."""
+    root = run_dir / ckpt_io.CHECKPOINT_DIR
+    for step in ("step-00000010", "step-00000020"):
+        (root / step / ckpt_io.STATE_FILE).write_text("junk")
+    assert cli.main(["train", "nth-farthest", "--resume", str(run_dir), "--steps", "30"]) == 2
+    err = capsys.readouterr().err
+    assert "No earlier intact checkpoint exists" in err and "step-00000010" not in err
+
+
 def test_eval_and_plot_read_no_training_state(run_dir: Path, capsys) -> None:
     (run_dir / "checkpoints" / "step-00000020" / ckpt_io.STATE_FILE).write_text("junk")
     assert cli.main(["eval", str(run_dir), "--device", "cpu"]) == 0
@@ -228,3 +258,20 @@ def test_a_new_run_refuses_a_directory_that_is_not_empty(tmp_path: Path, tiny, c
     with pytest.raises(FileExistsError, match=f"not empty \\({contents}\\)"):
         run(tiny(), "nth-farthest")
     assert [p.name for p in occupied.iterdir()] == [contents]
+
+
+def test_resume_and_eval_take_latest_and_name_other_files(run_dir: Path, capsys) -> None:
+    """--resume RUN/checkpoints/latest said it 'holds no checkpoint', --resume of a file
+    failed on 'FILE/.lock: Not a directory'."""
+    assert cli.main(["eval", str(latest(run_dir)), "--device", "cpu"]) == 2  # not a run dir
+    capsys.readouterr()
+    argv = ["eval", str(run_dir), "--device", "cpu", "--checkpoint", str(latest(run_dir))]
+    assert cli.main(argv) == 0
+    assert "step-00000020" in capsys.readouterr().out
+    resume = ["train", "nth-farthest", "--resume", str(latest(run_dir)), "--steps", "25"]
+    assert cli.main(resume) == 0
+    assert ckpt_io.resolve_checkpoint(run_dir).name == "step-00000025"
+    notes = run_dir / "notes.txt"
+    notes.write_text("")
+    assert cli.main(["train", "nth-farthest", "--resume", str(notes)]) == 2
+    assert f"{notes} is a file; pass a run directory" in capsys.readouterr().err

@@ -21,7 +21,7 @@ from relmem.tasks.registry import registered
 from relmem.train import checkpoint as ckpt_io
 from relmem.train.config import OptimConfig, TrainConfig, config_from_dict, config_to_dict
 from relmem.train.distributed import DistInfo
-from relmem.train.loop import EXIT_DIVERGED, EXIT_SIGTERM, run
+from relmem.train.loop import EXIT_DIVERGED, run
 from relmem.train.metrics import read_metrics
 from relmem.train.runs import load_run_config, load_trained
 from relmem.train.trainer import Progress, Trainer, lr_multiplier
@@ -105,7 +105,10 @@ def test_resume_is_exact(tiny, tmp_path: Path) -> None:
     assert steps == sorted(steps) and len(steps) == len(set(steps))  # one continuous log
 
 
-def test_sigterm_leaves_a_loadable_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["term", "hup"])
+def test_a_stop_signal_leaves_a_loadable_checkpoint(tmp_path: Path, signum: int) -> None:
+    """SIGTERM, and SIGHUP (a closed terminal, which killed the run without a checkpoint),
+    finish the step, checkpoint and exit with 128 + the signal's number."""
     cmd = [
         sys.executable,
         "-m",
@@ -148,10 +151,10 @@ def test_sigterm_leaves_a_loadable_checkpoint(tmp_path: Path) -> None:
         assert proc.poll() is None, proc.stdout.read().decode()
         assert time.monotonic() < deadline, "the run did not start logging"
         time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     output = proc.communicate(timeout=60)[0].decode()
-    assert proc.returncode == EXIT_SIGTERM, output
-    assert "SIGTERM" in output
+    assert proc.returncode == 128 + signum, output
+    assert signal.Signals(signum).name in output and "Ctrl-C" not in output
     config, _, _, model, ckpt = load_trained(tmp_path / "sig")
     step = ckpt_io.load_train_state(ckpt)["step"]
     assert 10 <= step < 100000

@@ -26,7 +26,7 @@ import tyro
 
 from relmem.commands.errors import describe_error
 from relmem.tasks.registry import get_task
-from relmem.train.checkpoint import CheckpointError, best_checkpoint
+from relmem.train.checkpoint import CheckpointError
 from relmem.train.distributed import resolve_device
 from relmem.train.evaluation import evaluate
 from relmem.train.runs import MAX_PARAMETERS, load_run_config, load_trained
@@ -68,9 +68,8 @@ def main(argv: list[str]) -> int:
         if get_task(load_run_config(args.run_dir)[0]).trainer is not None:
             return _evaluate_rl(args)
         device = resolve_device(args.device)
-        checkpoint = args.checkpoint or best_checkpoint(args.run_dir)
         config, task_name, task, model, ckpt = load_trained(
-            args.run_dir, checkpoint, device, args.max_parameters
+            args.run_dir, args.checkpoint, device, args.max_parameters, prefer_best=True
         )
         if args.test_size is not None:
             if args.test_size < 1:

@@ -17,7 +17,7 @@ import torch
 import tyro
 
 from relmem.tasks.language_model import LanguageModel, generate
-from relmem.train.checkpoint import CheckpointError, best_checkpoint
+from relmem.train.checkpoint import CheckpointError
 from relmem.train.distributed import resolve_device
 from relmem.train.runs import load_trained
 
@@ -72,8 +72,9 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         device = resolve_device(args.device)
-        checkpoint = args.checkpoint or best_checkpoint(args.run_dir)
-        _, task_name, task, model, _ = load_trained(args.run_dir, checkpoint, device)
+        _, task_name, task, model, _ = load_trained(
+            args.run_dir, args.checkpoint, device, prefer_best=True
+        )
         if not isinstance(task, LanguageModel):
             raise ValueError(f"{args.run_dir} trained {task_name!r}, not a language model (lm)")
         corpus = task.corpus

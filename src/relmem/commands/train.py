@@ -52,6 +52,8 @@ def parse(argv: list[str]) -> tuple[str, TrainConfig, int]:
         if known.preset is not None:
             raise ValueError("--preset and --resume exclude each other: a run keeps its config")
         given = Path(known.resume)  # a run directory or one of its checkpoints
+        if given.is_file():  # its checkpoints/latest, or a mistake (named)
+            given = resolve_checkpoint(given)
         # a run in training changes under its readers: refuse clearly before reading it
         check_unlocked(given.parent.parent if given.parent.name == CHECKPOINT_DIR else given)
         ckpt = resolve_checkpoint(known.resume)

@@ -14,7 +14,6 @@ from torch import nn
 
 from relmem.models import HeadConfig
 from relmem.tasks.registry import get_task
-from relmem.train.checkpoint import best_checkpoint
 from relmem.train.config import TrainConfig
 from relmem.train.metrics import series
 from relmem.train.runs import MAX_PARAMETERS, load_run_config, load_trained
@@ -69,8 +68,9 @@ def load_agent(
     Returns:
         ``(config, task_name, task, agent in eval mode, checkpoint directory)``.
     """
-    checkpoint = checkpoint or best_checkpoint(run_dir)
-    return load_trained(run_dir, checkpoint, device, max_parameters, build=agent_of)
+    return load_trained(
+        run_dir, checkpoint, device, max_parameters, build=agent_of, prefer_best=True
+    )
 
 
 def plot_curves(records: list[dict[str, Any]], path: Path, title: str, solvable: bool) -> None:

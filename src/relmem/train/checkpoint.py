@@ -207,17 +207,26 @@ def _write_checkpoint(
 
 
 def resolve_checkpoint(path: Path) -> Path:
-    """A checkpoint directory from a run directory (its ``latest``) or a checkpoint directory.
+    """A checkpoint directory from a run directory (its ``latest``), its ``checkpoints/latest``
+    file, or a checkpoint directory.
 
     ``latest`` must hold the name of a ``step-NNNNNNNN`` directory of the same ``checkpoints/``
     directory (no path, no ``..``, no link out of it): a run is never resumed, evaluated or
     pruned through another run's files.
 
     Raises:
-        CheckpointError: no such path, no or a bad ``latest``, or a checkpoint directory that
-            is not inside a run's ``checkpoints/`` (its ``fallback`` is the newest checkpoint).
+        CheckpointError: no such path, another file, no or a bad ``latest``, or a checkpoint
+            directory that is not inside a run's ``checkpoints/`` (its ``fallback`` is the
+            newest checkpoint).
     """
     path = Path(path)
+    if path.is_file():
+        if path.name == LATEST_FILE and path.parent.name == CHECKPOINT_DIR:
+            return resolve_checkpoint(path.parent.parent)
+        raise CheckpointError(
+            f"{path} is a file; pass a run directory or one of its {CHECKPOINT_DIR}/step-* "
+            "directories"
+        )
     if (path / META_FILE).exists() or (path / MODEL_FILE).exists():
         if path.resolve().parent.name != CHECKPOINT_DIR:
             raise CheckpointError(
@@ -255,40 +264,76 @@ def resolve_checkpoint(path: Path) -> Path:
     return target
 
 
-def newest_intact(run_dir: Path) -> tuple[Path, str | None]:
+def newest_intact(run_dir: Path, prefer_best: bool = False) -> tuple[Path, str | None]:
     """The checkpoint of ``run_dir`` to read weights from when none is named.
 
-    ``latest``'s checkpoint when it resolves and its weights verify; otherwise the newest
-    checkpoint whose weights verify, with a note saying which and why (for the user).
+    With ``prefer_best``, ``checkpoints/best`` when the run keeps one and its weights verify.
+    Otherwise (or failing that) ``latest``'s checkpoint when it resolves and its weights
+    verify, and failing that the newest checkpoint whose weights verify; with a note saying
+    which and why whenever a checkpoint the reader would have taken was passed over.
 
     Raises:
         CheckpointError: no checkpoint of the run has intact weights.
     """
+    problems = []
+    best = best_checkpoint(run_dir) if prefer_best else None
+    if best is not None:
+        try:
+            verify_checkpoint(best, (MODEL_FILE,))
+            return best, None
+        except CheckpointError as exc:
+            problems.append(exc)
     try:
         ckpt = resolve_checkpoint(run_dir)
         verify_checkpoint(ckpt, (MODEL_FILE,))
-        return ckpt, None
     except CheckpointError as exc:
-        problem = exc
+        problems.append(exc)
+    else:
+        return ckpt, _passed_over(problems, ckpt)
     for candidate in reversed(list_checkpoints(run_dir)):
-        try:
-            verify_checkpoint(candidate, (MODEL_FILE,))
-        except CheckpointError:
-            continue
-        reason = str(problem).rstrip(".")
-        return candidate, f"{reason}; using the newest intact checkpoint, {candidate}"
-    raise problem
+        if _damage(candidate, (MODEL_FILE,)) is None:
+            return candidate, _passed_over(problems, candidate)
+    raise problems[-1]
 
 
-def _fallback(ckpt: Path) -> Path | None:
-    """The newest checkpoint of ``ckpt``'s run before ``ckpt``, if any."""
-    older = [p for p in list_checkpoints(ckpt.parent.parent) if p.name < ckpt.name]
-    return older[-1] if older else None
+def _passed_over(problems: list[CheckpointError], chosen: Path) -> str | None:
+    """The note for a reader that takes ``chosen`` after ``problems`` (None: none)."""
+    if not problems:
+        return None
+    reasons = "; ".join(str(p).split(". ")[0].rstrip(".") for p in problems)
+    return f"{reasons}; using the newest intact checkpoint, {chosen}"
 
 
-def _fallback_hint(ckpt: Path) -> str:
-    older = _fallback(ckpt)
-    return f"The previous checkpoint is {older}." if older else "No earlier checkpoint exists."
+def _damage(ckpt: Path, files: tuple[str, ...]) -> tuple[str, Exception | None] | None:
+    """What is wrong with ``ckpt``'s ``files`` (missing, or not matching the hashes recorded
+    in its ``meta.json``) and the exception behind it; None when they are intact."""
+    meta_path = ckpt / META_FILE
+    try:
+        meta = json.loads(meta_path.read_text())
+        hashes = meta["sha256"]
+        if not isinstance(hashes, dict):
+            raise TypeError(f"sha256 is {hashes!r}, not an object")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"checkpoint metadata {meta_path} is missing or unreadable ({exc})", exc
+    for name in files:
+        file = ckpt / name
+        if not file.is_file():
+            return f"checkpoint file {file} is missing", None
+        if _sha256(file) != hashes.get(name):
+            return (
+                f"checkpoint file {file} is truncated or corrupt (its SHA-256 does not match "
+                f"{meta_path})"
+            ), None
+    return None
+
+
+def _fallback(ckpt: Path, files: tuple[str, ...]) -> Path | None:
+    """The newest checkpoint of ``ckpt``'s run before ``ckpt`` (any ``step-*`` one when
+    ``ckpt`` is ``best``) whose ``files`` are intact, if any."""
+    steps = list_checkpoints(ckpt.parent.parent)
+    if ckpt.name != BEST_NAME:
+        steps = [p for p in steps if p.name < ckpt.name]
+    return next((p for p in reversed(steps) if _damage(p, files) is None), None)
 
 
 def verify_checkpoint(
@@ -297,32 +342,22 @@ def verify_checkpoint(
     """Check that ``ckpt``'s ``files`` exist and match their recorded hashes; return meta.json.
 
     Readers verify only the files they read (``eval`` needs no intact training state).
+
+    Raises:
+        CheckpointError: naming the bad file and, as its ``fallback``, the newest earlier
+            checkpoint whose same files are intact.
     """
-    meta_path = ckpt / META_FILE
-    try:
-        meta = json.loads(meta_path.read_text())
-        hashes = meta["sha256"]
-        if not isinstance(hashes, dict):
-            raise TypeError(f"sha256 is {hashes!r}, not an object")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(
-            f"checkpoint metadata {meta_path} is missing or unreadable ({exc}). "
-            + _fallback_hint(ckpt),
-            _fallback(ckpt),
-        ) from exc
-    for name in files:
-        file = ckpt / name
-        if not file.is_file():
-            raise CheckpointError(
-                f"checkpoint file {file} is missing. " + _fallback_hint(ckpt), _fallback(ckpt)
-            )
-        if _sha256(file) != hashes.get(name):
-            raise CheckpointError(
-                f"checkpoint file {file} is truncated or corrupt (its SHA-256 does not match "
-                f"{meta_path}). " + _fallback_hint(ckpt),
-                _fallback(ckpt),
-            )
-    return meta
+    damage = _damage(ckpt, files)
+    if damage is not None:
+        message, cause = damage
+        older = _fallback(ckpt, files)
+        hint = (
+            f"The previous intact checkpoint is {older}."
+            if older
+            else ("No earlier intact checkpoint exists.")
+        )
+        raise CheckpointError(f"{message}. {hint}", older) from cause
+    return json.loads((ckpt / META_FILE).read_text())
 
 
 def load_weights(

@@ -11,7 +11,8 @@ and writes the summary:
   evaluation, marked ``stop``, which a resume replaces by the uninterrupted run's records;
 - checkpoints are atomic (:mod:`relmem.train.checkpoint`); a resumed CPU run ends bit-identical
   to an uninterrupted one;
-- SIGINT/SIGTERM finish the current step, checkpoint and exit; a non-finite loss stops the run
+- SIGINT, SIGTERM and SIGHUP (a closed terminal) finish the current step, checkpoint and exit
+  with 128 + the signal's number; a non-finite loss stops the run
   before the update, keeps the last good checkpoint and exits with :data:`EXIT_DIVERGED`.
 """
 
@@ -42,6 +43,11 @@ EXIT_OK = 0
 EXIT_DIVERGED = 3
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
+EXIT_SIGHUP = 129
+# The signals that stop a run cleanly (SIGHUP where the platform has it), and their statuses.
+STOP_SIGNALS = {signal.SIGINT: EXIT_SIGINT, signal.SIGTERM: EXIT_SIGTERM}
+if hasattr(signal, "SIGHUP"):
+    STOP_SIGNALS[signal.SIGHUP] = EXIT_SIGHUP
 
 
 @dataclass
@@ -62,7 +68,8 @@ class RunResult:
 
 
 class _StopFlag:
-    """SIGINT/SIGTERM set a flag; the loop checkpoints and exits at the end of the step."""
+    """:data:`STOP_SIGNALS` set a flag; the loop checkpoints and exits at the end of the
+    step."""
 
     def __init__(self) -> None:
         self.signum: int = 0
@@ -72,9 +79,10 @@ class _StopFlag:
         if self.signum and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: give up on the clean exit
         self.signum = signum
+        again = " (Ctrl-C again to abort)" if signum == signal.SIGINT else ""
         print(
             f"\nrelmem: received {signal.Signals(signum).name}; finishing this step and "
-            "saving a checkpoint (Ctrl-C again to abort)",
+            f"saving a checkpoint{again}",
             file=sys.stderr,
             flush=True,
         )
@@ -84,7 +92,7 @@ class _StopFlag:
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handler)
         try:
             yield self
@@ -190,8 +198,7 @@ def _train(trainer: Trainer) -> RunResult:
                 if stopping:
                     if outcome.signum:
                         status = "interrupted"
-                        sigterm = outcome.signum == signal.SIGTERM
-                        exit_code = EXIT_SIGTERM if sigterm else EXIT_SIGINT
+                        exit_code = STOP_SIGNALS[outcome.signum]
                     else:
                         status = "time_limit"
                     break

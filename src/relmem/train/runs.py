@@ -212,17 +212,20 @@ def load_trained(
     device: torch.device | str = "cpu",
     max_parameters: int = MAX_PARAMETERS,
     build: ModelBuilder | None = None,
+    prefer_best: bool = False,
 ) -> tuple[TrainConfig, str, Task, nn.Module, Path]:
     """Rebuild a run's task and model and load a checkpoint's weights.
 
     Args:
         run_dir: the run directory.
-        checkpoint: a checkpoint directory; None means the run's latest, or when ``latest`` is
-            missing or bad or its weights damaged, the newest intact one (named on stderr).
+        checkpoint: a checkpoint directory; None means the run's latest (with ``prefer_best``
+            its ``checkpoints/best`` when it keeps one), or when that is missing or bad or its
+            weights damaged, the newest intact one (named on stderr).
         device: where to put the model.
         max_parameters: refuse a model larger than this (:func:`check_model_size`).
         build: ``build(config, task) -> model`` (None: :func:`build_model`; an RL run's agent
             builder otherwise).
+        prefer_best: see ``checkpoint`` (``eval``, ``generate`` and ``play`` read the best).
 
     Returns:
         ``(config, task_name, task, model in eval mode, checkpoint directory)``.
@@ -231,7 +234,7 @@ def load_trained(
     task = get_task(task_name).build(config.task)
     check_model_size(config, task, max_parameters, build)
     if checkpoint is None:
-        ckpt, note = ckpt_io.newest_intact(run_dir)
+        ckpt, note = ckpt_io.newest_intact(run_dir, prefer_best)
         if note:
             print(f"relmem: warning: {note}", file=sys.stderr)
     else:
