@@ -128,7 +128,9 @@ CASES: dict[str, Case] = {
     "resume-config-huge-model": Case(RESUME, ("parameters", "--max-parameters"), edit_config(rmc__mem_slots=4096, rmc__head_size=4096)),
     "resume-state-damaged": Case(RESUME, ("train_state.pt", "--resume"), write("checkpoints/step-00000020/train_state.pt", "junk")),
     # eval
-    "eval-missing-run": Case(("eval", "{tmp}/none"), ("{tmp}/none",)),
+    "eval-missing-run": Case(("eval", "{tmp}/none"), ("{tmp}/none", "does not exist")),
+    "play-scale-zero": Case(("play", "{run}", "--scale", "0"), ("--scale",)),
+    "train-resume-a-file": Case(("train", "nth-farthest", "--resume", "{file}"), ("{file}", "is a file")),
     "eval-config-null": Case(("eval", "{run}"), ("config.json",), write("config.json", "null")),
     "eval-config-list": Case(("eval", "{run}"), ("config.json",), write("config.json", "[]")),
     "eval-config-huge-model": Case(("eval", "{run}"), ("parameters", "--max-parameters"), edit_config(lstm__hidden_size=20000, model="lstm")),

@@ -45,8 +45,12 @@ def main(argv: list[str] | None = None) -> int:
         known = ", ".join(COMMANDS)
         print(f"relmem: error: unknown command {name!r}; commands: {known}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+        return int(module.main(rest) or 0)
+    except KeyboardInterrupt:  # Ctrl-C while starting, or a second one while training
+        print(f"\nrelmem {name}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

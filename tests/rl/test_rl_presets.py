@@ -61,3 +61,16 @@ def test_the_agent_options_reach_the_agent_and_head_options_are_refused() -> Non
     _, config, _ = parse(["boxworld", "--head.hidden-sizes", "8"])
     with pytest.raises(ValueError, match="--head.*--task.agent.hidden-size"):
         agent_of(config, task)
+
+
+def test_learner_options_that_would_be_ignored_are_refused(tmp_path, capsys) -> None:
+    """--task.backend under PPO, and more PPO minibatches than trajectories, were accepted and
+    ignored (PPO collects in-process; chunking gave fewer minibatches)."""
+    from relmem import cli
+
+    argv = ["train", "boxworld", "--out-dir", str(tmp_path), "--steps", "1"]
+    assert cli.main([*argv, "--task.backend", "ray"]) == 2
+    assert "PPO collects in this" in " ".join(capsys.readouterr().err.split())  # boxed
+    assert cli.main([*argv, "--task.minibatches", "9", "--batch-size", "8"]) == 2
+    assert "at most 8 minibatches" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

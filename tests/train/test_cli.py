@@ -89,3 +89,16 @@ def test_plot_examples_0_draws_the_curves_without_a_checkpoint(tiny, tmp_path: P
     assert cli.main(["plot", str(tmp_path / "run"), "--examples", "0"]) == 0
     plots = tmp_path / "run" / "plots"
     assert (plots / "curves.png").stat().st_size > 0 and not list(plots.glob("attention_*"))
+
+
+def test_an_interrupt_is_one_line_and_status_130(monkeypatch, capsys) -> None:
+    """Ctrl-C while a command starts (its imports take seconds) or a second one while training
+    (the first finishes the step and checkpoints) printed a KeyboardInterrupt traceback."""
+    import relmem.commands.demo as demo
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "main", interrupted)
+    assert cli.main(["demo"]) == 130
+    assert capsys.readouterr().err.strip() == "relmem demo: interrupted"

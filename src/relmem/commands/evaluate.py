@@ -65,6 +65,8 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:  # tyro has printed help or a boxed error message
         return int(exc.code or 0)
     try:
+        if args.json_out is not None and not args.json_out.parent.is_dir():  # before the work
+            raise ValueError(f"--json-out {args.json_out}: {args.json_out.parent} is no directory")
         if get_task(load_run_config(args.run_dir)[0]).trainer is not None:
             return _evaluate_rl(args)
         device = resolve_device(args.device)

@@ -63,6 +63,8 @@ def main(argv: list[str]) -> int:
             raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
         if not args.fps > 0:
             raise ValueError(f"--fps must be > 0, got {args.fps}")
+        if args.scale < 1:
+            raise ValueError(f"--scale must be >= 1 pixel per cell, got {args.scale}")
         if out.suffix.lower() not in (".gif", ".png"):
             raise ValueError(f"--out must end in .gif or .png, got {out}")
         task_name, _ = load_run_config(args.run_dir)

@@ -115,6 +115,11 @@ class LearnerConfig:
         """Validate the learner's settings (each error names ``task.<option>``)."""
         check_choice("task.algorithm", self.algorithm, ALGORITHMS)
         check_choice("task.backend", self.backend, BACKENDS)
+        if self.algorithm == "ppo" and self.backend != "process":
+            raise ValueError(
+                f"task.backend={self.backend!r} places IMPALA's collectors, and PPO collects in "
+                "this process; add --task.algorithm impala, or drop --task.backend"
+            )
         check_at_least("task.", self, unroll=1, epochs=1, minibatches=1, collectors=1)
         check_at_least("task.", self, eval_episodes=1, valid_seed=0, eval_seed=0)
         if self.valid_seed == self.eval_seed:

@@ -58,6 +58,13 @@ class RLTrainer(Trainer):
                 f"{task_name} trains in one process; run it without torchrun and scale "
                 "collection with --task.algorithm impala --task.collectors N (docs/rl.md §4)"
             )
+        learner = config.task
+        if learner.algorithm == "ppo" and learner.minibatches > config.batch_size:
+            raise ValueError(
+                f"--task.minibatches {learner.minibatches} splits --batch-size "
+                f"{config.batch_size} whole trajectories: at most {config.batch_size} "
+                "minibatches (PPO would run fewer, silently)"
+            )
         super().__init__(config, task_name, info, device, argv, max_parameters)
 
     def check_size(self, max_parameters: int) -> None:

@@ -183,6 +183,8 @@ def load_run_config(run_dir: Path) -> tuple[str, TrainConfig]:
             the key): not JSON, not an object, an unknown key, a wrong type or a bad value.
     """
     path = Path(run_dir) / "config.json"
+    if not Path(run_dir).exists():
+        raise FileNotFoundError(f"{run_dir} does not exist")
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a relmem run directory?")
     try:
