@@ -61,6 +61,8 @@ def test_eval_and_plot(tiny, tmp_path: Path, capsys) -> None:
     assert (plots / "curves.png").stat().st_size > 0
     assert (plots / "attention_example_0.png").stat().st_size > 0
     assert cli.main(["eval", str(tmp_path / "missing")]) == 2
+    assert f"{tmp_path / 'missing'} does not exist" in capsys.readouterr().err
+    assert cli.main(["eval", str(tmp_path)]) == 2  # a directory, but not a run's
     assert "config.json not found" in capsys.readouterr().err
 
 
