@@ -109,21 +109,24 @@ class RLTrainer(Trainer):
         self.window_tokens += batch.numel()
         return StepOutcome(signum, time_up)
 
-    def train_metrics(self) -> dict[str, float]:
-        metrics = super().train_metrics()
+    def train_metrics(self, close: bool = True) -> dict[str, float]:
+        metrics = super().train_metrics(close)
         metrics["perf/frames_per_s"] = metrics.pop("perf/tokens_per_s")
         return metrics
 
     def evaluate(self, on_grid: bool = True) -> dict[str, float]:
         """The agent on the task's validation levels (torch's generator is left as it was, so
         an evaluation changes nothing in the training that follows); the weights go to
-        ``checkpoints/best`` when they beat every earlier evaluation."""
+        ``checkpoints/best`` when they beat every earlier evaluation on the ``eval_every`` grid
+        (``on_grid=False``, a run's stop between evaluations, keeps nothing: a resume past it
+        must keep what the uninterrupted run keeps)."""
         was_training = self.model.training
         self.model.eval()
         with torch.random.fork_rng(devices=[]):
             result = self.task.evaluate(self.model)
         self.model.train(was_training)
-        self.keep_if_best(result[self.metric.name])
+        if on_grid:
+            self.keep_if_best(result[self.metric.name])
         return {f"eval/{name}": value for name, value in result.items()}
 
     def summary(

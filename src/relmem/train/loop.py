@@ -179,19 +179,30 @@ def _train(trainer: Trainer) -> RunResult:
                     governor.after_step(time.perf_counter() - started)
                 bar.update(1)
                 step, done = progress.step, progress.step >= config.steps
+                # The record an uninterrupted run writes here: its log and eval grids only.
+                log_grid, eval_grid = step % config.log_every == 0, step % config.eval_every == 0
                 metrics: dict[str, float] = {}
-                if step % config.log_every == 0 or done:
+                if log_grid:
                     metrics.update(trainer.train_metrics())
-                on_grid = step % config.eval_every == 0 or done
-                if on_grid or outcome.time_up:
-                    last_eval, last_eval_step = trainer.evaluate(on_grid=on_grid), step
+                if eval_grid:
+                    last_eval, last_eval_step = trainer.evaluate(), step
                     metrics.update(last_eval)
-                    if not on_grid:  # a resume cuts this record: see metrics.STOP_KEY
-                        metrics[STOP_KEY] = 1.0
-                if metrics and trainer.logger is not None:
-                    metrics["time_s"] = progress.elapsed()
-                    trainer.logger.log_dict(metrics, step)
-                    _report(bar, step, metrics, trainer.metric)
+                # A run that ends here (its last step, or a time limit) off a grid also logs
+                # what it has: the training window so far, without closing it, and an
+                # evaluation that feeds neither the curriculum, the schedule nor the best copy.
+                # That record is marked, and a resume past here cuts it (metrics.STOP_KEY), so
+                # that the resumed run's records and weights are the uninterrupted run's.
+                final: dict[str, float] = {}
+                if (done or outcome.time_up) and not log_grid:
+                    final.update(trainer.train_metrics(close=False))
+                if (done or outcome.time_up) and not eval_grid:
+                    last_eval, last_eval_step = trainer.evaluate(on_grid=False), step
+                    final.update(last_eval)
+                for record in (metrics, final | {STOP_KEY: 1.0} if final else {}):
+                    if record and trainer.logger is not None:
+                        record["time_s"] = progress.elapsed()
+                        trainer.logger.log_dict(record, step)
+                        _report(bar, step, record, trainer.metric)
                 stopping = bool(outcome.signum) or outcome.time_up
                 if step % config.checkpoint_every == 0 or done or stopping:
                     trainer.save()

@@ -16,8 +16,9 @@ from typing import Any, Protocol
 
 from relmem.train import faults
 
-# Set (to 1) on the evaluation logged when a time limit stops a run off the evaluation grid: an
-# uninterrupted run has no such record, so a resume cuts it (``JsonlLogger``).
+# Set (to 1) on the evaluation logged when a run stops off the evaluation grid (a time limit, or
+# its last step between evaluations): a run resumed past that step has no such record, so a
+# resume cuts it (``JsonlLogger``).
 STOP_KEY = "stop"
 
 

@@ -418,18 +418,22 @@ class Trainer:
         self.optimizer.step()
         return norm.detach()
 
-    def train_metrics(self) -> dict[str, float]:
+    def train_metrics(self, close: bool = True) -> dict[str, float]:
         """``train/loss``, ``train/{metric}``, ``train/lr``, ``perf/sequences_per_s`` and
-        ``perf/tokens_per_s`` (input time steps) since the last call (all ranks' sums over all
-        ranks' counts), and ``perf/cpu_threads`` (the count now in force) with
-        ``--cpu-threads auto``."""
-        means = self.window.all_reduce(self.info).means()
+        ``perf/tokens_per_s`` (input time steps) since the last call that closed the window
+        (all ranks' sums over all ranks' counts), and ``perf/cpu_threads`` (the count now in
+        force) with ``--cpu-threads auto``. ``close=False`` leaves the window open: the next
+        call still covers these steps (a run's last record off the log grid, whose checkpoint
+        keeps the window for a resume)."""
+        window = self.window if close else copy.deepcopy(self.window)
+        means = window.all_reduce(self.info).means()
         now = time.perf_counter()
         seconds = max(now - self.window_start, 1e-9)
         rate = self.window_steps * self.config.batch_size / seconds
         tokens_rate = self.window_tokens / seconds
-        self.window.reset()
-        self.window_steps, self.window_start, self.window_tokens = 0, now, 0
+        if close:
+            self.window.reset()
+            self.window_steps, self.window_start, self.window_tokens = 0, now, 0
         m = self.metric.name
         governor = self.thread_governor
         threads = {} if governor is None else {"perf/cpu_threads": float(governor.threads)}
@@ -448,7 +452,8 @@ class Trainer:
 
         A task with ``keep_best`` gets its best held-out weights copied to
         ``checkpoints/best`` whenever an evaluation improves on them. ``on_grid=False`` (an
-        evaluation off the ``eval_every`` grid, when a time limit stops the run) reports the
+        evaluation off the ``eval_every`` grid, when a time limit or the last step stops the
+        run there) reports the
         best batch including this one without keeping it, and leaves the task's state and the
         'plateau' schedule as they were, so that a resumed run's later records equal an
         uninterrupted run's.
