@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from relmem.cores.base import detach_state, map_state
 from relmem.cores.rmc import prefer_fused
 from relmem.models import count_parameters
-from relmem.tasks.base import Batch, step_generator
+from relmem.tasks.base import Batch, derive_seed, step_generator
 from relmem.tasks.registry import get_task
 from relmem.train import checkpoint as ckpt_io
 from relmem.train.config import OptimConfig, TrainConfig, config_to_dict
@@ -56,6 +56,7 @@ from relmem.train.threads import ThreadGovernor, usable_cores
 # Independent random streams, mixed with the seed and the step (relmem.tasks.base.derive_seed).
 STREAM_TRAIN = 1
 STREAM_EVAL_BATCH = 2
+STREAM_RANK = 3  # each data-parallel rank's global generator (dropout), after the weights'
 
 
 class TrainingDiverged(RuntimeError):
@@ -225,6 +226,8 @@ class Trainer:
         )
 
         self.model = self.build_model()
+        if info.enabled:  # the same weights everywhere, then each rank its own dropout masks
+            torch.manual_seed(derive_seed(config.seed, STREAM_RANK, info.rank))
         if resume is not None:
             ckpt_io.load_weights(resume, self.model, device)
         self.optimizer = make_optimizer(self.model.parameters(), config.optim)
@@ -296,15 +299,43 @@ class Trainer:
             best_held_out=float(saved.get("best_held_out", float("nan"))),
             **{k: saved[k] for k in ("lr_scale", "plateau_best", "plateau_bad") if k in saved},
         )
-        torch.set_rng_state(saved["rng"]["cpu"])
-        if self.device.type == "cuda" and saved["rng"]["cuda"]:
-            torch.cuda.set_rng_state_all(saved["rng"]["cuda"])
+        self._restore_rng(saved["rng"])
         self.task.load_state_dict(saved.get("task_state", {}))  # absent before task states
         leaves = saved.get("carried_state", [])  # absent from checkpoints of stateless runs
         if leaves:
             rows = slice(self.info.rank * self.per_rank, (self.info.rank + 1) * self.per_rank)
             template = self.model.initial_state(self.per_rank, self.device)
             self.state = _state_from_leaves(template, [t[rows].to(self.device) for t in leaves])
+
+    def _gather_rng_states(self) -> dict[str, Tensor | None]:
+        """Every rank's global generator states, in rank order: ``cpu [world, n]`` uint8 and
+        ``cuda`` (this rank's device's) ``[world, m]`` or None off CUDA."""
+        device = self.device
+
+        def gather(state: Tensor) -> Tensor:  # through the device: NCCL moves CUDA tensors
+            return all_gather_rows(state.unsqueeze(0).to(device), self.info).cpu()
+
+        cuda = gather(torch.cuda.get_rng_state(device)) if device.type == "cuda" else None
+        return {"cpu": gather(torch.get_rng_state()), "cuda": cuda}
+
+    def _restore_rng(self, rng: dict[str, Any]) -> None:
+        """This rank's generator states from a checkpoint's ``rng``: its own when the run had
+        as many ranks (the resume is then exact), else rank 0's, each rank then mixing in its
+        rank and the step so that no two draw the same dropout masks."""
+        ranks = rng.get("ranks")  # absent before per-rank states were saved
+        world, rank = self.info.world_size, self.info.rank
+        if ranks is not None and ranks["cpu"].shape[0] == world:
+            # clone(): given the row itself, a view at a storage offset, set_rng_state
+            # segfaulted rank 1 (torch 2.13)
+            torch.set_rng_state(ranks["cpu"][rank].clone())
+            if self.device.type == "cuda" and ranks["cuda"] is not None:
+                torch.cuda.set_rng_state(ranks["cuda"][rank].clone(), self.device)
+            return
+        torch.set_rng_state(rng["cpu"])
+        if self.device.type == "cuda" and rng["cuda"]:
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        if self.info.enabled:
+            torch.manual_seed(derive_seed(self.config.seed, STREAM_RANK, rank, self.progress.step))
 
     def _open_logs(self, resumed: bool, argv: list[str] | None) -> MetricLogger:
         """Lock the run directory, check what is in it, then write ``config.json`` and
@@ -495,6 +526,7 @@ class Trainer:
             raise TrainingDiverged(f"the weights became non-finite by step {self.progress.step}")
         carried = [all_gather_rows(t, self.info).cpu() for t in _state_leaves(self.state)]
         window = all_reduce_sum(self.window.sums.clone(), self.info).cpu()
+        ranks_rng = self._gather_rng_states()
         if self.info.is_main:
             progress, device = self.progress, self.device
             train_state = {
@@ -504,6 +536,7 @@ class Trainer:
                 "rng": {
                     "cpu": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
+                    "ranks": ranks_rng,
                 },
                 "elapsed_s": progress.elapsed(),
                 f"best_batch_{self.metric.name}": progress.best_batch,
