@@ -240,6 +240,14 @@ class Task(ABC):
                 continue from window ``step - 1``.
         """
 
+    def sample_evaluation(
+        self, batch_size: int, generator: torch.Generator, step: int = 0
+    ) -> Batch:
+        """The fresh batch of an evaluation (the paper-style best-batch figure), drawn like
+        :meth:`sample`'s; a task whose training batches follow a curriculum draws it where the
+        paper evaluates instead."""
+        return self.sample(batch_size, generator, step)
+
     @abstractmethod
     def held_out(self, device: torch.device) -> Batch:
         """The fixed held-out set (the same on every call, rank and machine).

@@ -384,10 +384,12 @@ class Trainer:
         return logger
 
     def sample(self, stream: int, batch_size: int) -> Batch:
-        """The global batch of ``stream`` at the current step."""
+        """The global batch of ``stream`` at the current step (the evaluation's fresh batch
+        for :data:`STREAM_EVAL_BATCH`, a training batch otherwise)."""
         config, step = self.config, self.progress.step
         generator = step_generator(self.device, config.seed, stream, step)
-        return self.task.sample(batch_size, generator, step)
+        draw = self.task.sample_evaluation if stream == STREAM_EVAL_BATCH else self.task.sample
+        return draw(batch_size, generator, step)
 
     def _shard(self, batch: Batch) -> Batch:
         """This rank's contiguous slice of a global batch."""

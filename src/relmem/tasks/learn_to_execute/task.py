@@ -155,7 +155,20 @@ class LearnToExecute(Task):
 
     def sample(self, batch_size: int, generator: torch.Generator, step: int = 0) -> Batch:
         """``batch_size`` programs at the curriculum's levels, drawn with ``generator``."""
-        lengths, nestings = self.curriculum.draw(batch_size, generator)  # [B] each
+        return self._programs(*self.curriculum.draw(batch_size, generator), generator)
+
+    def sample_evaluation(
+        self, batch_size: int, generator: torch.Generator, step: int = 0
+    ) -> Batch:
+        """``batch_size`` fresh programs at (L, N), where the paper evaluates (the Baseline
+        level, as :meth:`held_out`): the best-batch figure is the paper's best score over the
+        evaluations, not a score on the training curriculum's easier levels."""
+        c = self.config
+        level = torch.full((batch_size,), c.max_length), torch.full((batch_size,), c.max_nesting)
+        return self._programs(*level, generator)
+
+    def _programs(self, lengths: Tensor, nestings: Tensor, generator: torch.Generator) -> Batch:
+        """Programs at the levels ``lengths [B]``, ``nestings [B]``, drawn with ``generator``."""
         device = generator.device
         seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=device))
         rng = random.Random(seed)
