@@ -67,7 +67,7 @@ class Seq2SeqModel(nn.Module):
         if lengths is None:
             lengths = (program != self.decoder.pad_index).sum(1)  # [B]
         program = program[:, : int(lengths.max())]  # steps past every length change nothing
-        _, state = self.core(self.encoder(program), state, lengths=lengths)
+        encoded, state = self.core(self.encoder(program), state, lengths=lengths)
         batch, steps = inputs.shape[0], self.decoder.steps
         if self.decoder.teacher_forcing:
             given = self.encoder(inputs[:, self.input_steps :])  # [B, T_out, F]
@@ -76,4 +76,9 @@ class Seq2SeqModel(nn.Module):
             given = torch.zeros(batch, steps, width, device=inputs.device)  # [B, T_out, F]
         decoder_core = self.core if self.decoder_core is None else self.decoder_core
         outputs, state = decoder_core(given, state)  # [B, T_out, H]
+        if self.decoder_core is not None:
+            # The encoder's outputs go unread (its state is handed on), and a core with an
+            # output layer (the DNC's) would leave it without a gradient, which data-parallel
+            # training waits for: a zero term keeps every parameter in the graph.
+            outputs = outputs + encoded.flatten()[0] * 0.0
         return self.head(outputs, None), state
