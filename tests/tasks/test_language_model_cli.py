@@ -136,6 +136,19 @@ def test_missing_split_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
     assert len(err.strip().splitlines()) == 1
 
 
+def test_a_split_too_short_for_its_rows_names_the_option_and_writes_nothing(
+    tmp_path: Path, capsys
+) -> None:
+    """A tiny validation split said 'use a smaller batch' (the rows are --task.eval-rows) and
+    left a run directory behind (the held-out set was built after the logs were opened)."""
+    data = write_sample(tmp_path / "data", "txt")
+    (data / "valid.txt").write_text("a b\n", encoding="utf-8")
+    assert cli.main(train_args(data, tmp_path, "x")) == 2
+    err = capsys.readouterr().err
+    assert "the valid split has 3 tokens" in err and "lower --task.eval-rows" in err
+    assert not (tmp_path / "x").exists()
+
+
 def test_two_processes_train_on_their_own_slices(tmp_path: Path) -> None:
     """torchrun with 2 gloo processes (adaptive softmax, carried state) finishes, and its
     weights equal one process's with the same global batch."""

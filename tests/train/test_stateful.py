@@ -101,6 +101,18 @@ def test_stateful_resume_is_exact(tiny, episode_bits, tmp_path: Path) -> None:
     assert straight["held_out_accuracy"] == split["held_out_accuracy"]
 
 
+def test_a_stateful_resume_refuses_another_batch_size(tiny, episode_bits, tmp_path: Path):
+    """The carried rows are places in the data: a smaller --batch-size silently kept rows
+    0..B-1, a larger one failed with a cell's 'state.memory batch size mismatch'."""
+    run(episode_config(tiny, True, run_name="split", steps=10), "episode-bits")
+    for batch in (16, 64):
+        resumed = episode_config(
+            tiny, True, run_name="split", steps=20, resume=tmp_path / "split", batch_size=batch
+        )
+        with pytest.raises(ValueError, match="resume it with --batch-size 32"):
+            run(resumed, "episode-bits")
+
+
 def test_sample_sees_the_step_also_after_resume(tiny, tmp_path: Path) -> None:
     with registered("step-probe", NthFarthestConfig, StepProbe):
         StepProbe.calls = []

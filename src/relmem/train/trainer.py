@@ -251,10 +251,11 @@ class Trainer:
             self.wrapped = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         self.config_dict = {"task_name": task_name, **config_to_dict(config)}
         self.lock: RunLock | None = None  # rank 0's lock on the run directory
+        # before anything is written: a held-out set the data cannot fill fails here
+        self.held_out = self.task.held_out(device)
         self.logger = (
             self._open_logs(resumed=saved is not None, argv=argv) if info.is_main else None
         )
-        self.held_out = self.task.held_out(device)
         self.window = Totals(self.task, device)  # the training metrics since the last log line
         self.window_steps, self.window_start = 0, time.perf_counter()
         self.window_tokens = 0  # time steps x rows of the global batches since the last log line
@@ -302,6 +303,12 @@ class Trainer:
         self._restore_rng(saved["rng"])
         self.task.load_state_dict(saved.get("task_state", {}))  # absent before task states
         leaves = saved.get("carried_state", [])  # absent from checkpoints of stateless runs
+        if leaves and leaves[0].shape[0] != self.config.batch_size:
+            raise ValueError(
+                f"--batch-size {self.config.batch_size}: this {self.task_name} run carries its "
+                f"recurrent state from step to step in {leaves[0].shape[0]} rows (each its own "
+                f"place in the data); resume it with --batch-size {leaves[0].shape[0]}"
+            )
         if leaves:
             rows = slice(self.info.rank * self.per_rank, (self.info.rank + 1) * self.per_rank)
             template = self.model.initial_state(self.per_rank, self.device)

@@ -134,7 +134,8 @@ class LanguageModel(Task):
     def rows(self, batch_size: int) -> Tensor:
         """The training stream as ``[batch_size, L]`` contiguous rows (on the CPU)."""
         if batch_size not in self._rows:
-            self._rows[batch_size] = batchify(self.corpus.train, batch_size)
+            train = self.corpus.train
+            self._rows[batch_size] = _rows_of(train, batch_size, "train", "--batch-size")
         return self._rows[batch_size]
 
     def windows_per_epoch(self, batch_size: int) -> int:
@@ -151,7 +152,7 @@ class LanguageModel(Task):
 
     def split_batch(self, split: str, device: torch.device) -> Batch:
         """The whole ``split`` in ``eval_rows`` rows: ``inputs [R, L-1]``, ``targets [R, L-1]``."""
-        rows = batchify(self.corpus.split(split), self.config.eval_rows)
+        rows = _rows_of(self.corpus.split(split), self.config.eval_rows, split, "--task.eval-rows")
         return Batch(rows[:, :-1].to(device), rows[:, 1:].to(device))
 
     def held_out(self, device: torch.device) -> Batch:
@@ -177,3 +178,18 @@ class LanguageModel(Task):
 @register_task("lm", LanguageModelConfig)
 def build_language_model(config: LanguageModelConfig) -> LanguageModel:
     return LanguageModel(config)
+
+
+def _rows_of(ids: Tensor, rows: int, split: str, option: str) -> Tensor:
+    """``batchify(ids, rows)``, its error naming the split and the option that set ``rows``.
+
+    Raises:
+        ValueError: the split is too short for ``rows`` rows of at least 2 tokens.
+    """
+    try:
+        return batchify(ids, rows)
+    except ValueError:
+        raise ValueError(
+            f"the {split} split has {ids.numel()} tokens, too few for {option} {rows} rows of "
+            f"at least 2 tokens; lower {option} or use a larger corpus"
+        ) from None
