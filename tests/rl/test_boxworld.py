@@ -347,6 +347,10 @@ def test_state_dict_round_trip():
             r"at most 2 items fit.* may be 1\.\.1, got \(2,\)",
         ),
         ({"grid_size": 40, "solution_length": 19}, "solution_length must be <= 18"),
+        (  # was an IndexError at reset: no key colour left for the 21st box
+            {"grid_size": 30, "solution_length": 21, "num_forward": 0},
+            r"solution_length must be <= 20 \(one key colour per box",
+        ),
     ],
 )
 def test_bad_arguments(options, message):

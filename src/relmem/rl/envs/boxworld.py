@@ -264,6 +264,11 @@ class BoxWorld(BatchedEnv):
                 f"{min(self.num_backward)} solution_length may be {allowed}, got "
                 f"{self.solution_length}"
             )
+        if max(self.solution_length) > NUM_COLOURS:
+            raise ValueError(
+                f"{owner}: solution_length must be <= {NUM_COLOURS} (one key colour per box on "
+                f"the path), got {self.solution_length}"
+            )
         for name, values in (
             ("num_forward", self.num_forward),
             ("num_backward", self.num_backward),
