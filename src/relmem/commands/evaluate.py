@@ -88,9 +88,11 @@ def main(argv: list[str]) -> int:
     step = json.loads((ckpt / "meta.json").read_text())["step"]
     metric = task.metric
     print(f"{task_name} / {config.model}, checkpoint {ckpt} (step {step})")
+    # a stateful task's held-out set is a few long rows of one stream, walked in windows
+    unit = "rows of the split" if task.stateful else "sequences"
     print(
         f"held-out {metric.description} {metric.format(result[metric.name])} on "
-        f"{result['count']} sequences, loss {result['loss']:.4f}"
+        f"{result['count']} {unit}, loss {result['loss']:.4f}"
     )
     for extra in task.extra_metrics:
         print(f"held-out {extra.description} {extra.format(result[extra.name])}")
