@@ -26,6 +26,9 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument(
+        "--run-name", help="the run's directory under --out-dir (default: repeat_copy_MODEL-seedS)"
+    )
     args = parser.parse_args()
 
     config = get_preset("repeat-copy", "cpu")
@@ -35,7 +38,7 @@ def main() -> None:
     config.seed = args.seed
     config.device = "cpu"
     config.out_dir = args.out_dir
-    config.run_name = f"repeat_copy_{args.model}"
+    config.run_name = args.run_name or f"repeat_copy_{args.model}-seed{args.seed}"
     result = run(config, "repeat-copy")
     print(json.dumps(result.summary, indent=2))
 

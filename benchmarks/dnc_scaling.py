@@ -109,7 +109,12 @@ def _leaves(state: object) -> list[torch.Tensor]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slots", type=int, nargs="+", default=[64, 256, 1024, 4096])
-    parser.add_argument("--links", nargs="+", default=["dense", "sparse", "none"])
+    parser.add_argument(
+        "--links",
+        nargs="+",
+        choices=["dense", "sparse", "none"],
+        default=["dense", "sparse", "none"],
+    )
     parser.add_argument("--topk", type=int, default=8)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--word", type=int, default=8)

@@ -17,25 +17,30 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+from datetime import datetime, timezone
 from pathlib import Path
 
 from relmem import cli
 from relmem.tasks import get_preset, get_task
+from relmem.tasks.learn_to_execute.programs import TASKS
 from relmem.train.loop import run
 
-RESULTS = Path(__file__).parent / "results" / "lte"
+RESULTS = Path(__file__).parent / "results" / "lte"  # the default of --results-dir
 KEPT = ("config.json", "run.json", "metrics.jsonl", "summary.json", "eval.json")
 
 
-def train(task_type: str, model: str, minutes: float, work_dir: Path) -> Path:
-    """Run, evaluate and plot one configuration; copy its small files to ``RESULTS``."""
+def train(
+    task_type: str, model: str, minutes: float, work_dir: Path, results: Path, run_name: str
+) -> Path:
+    """Run, evaluate and plot one configuration in ``work_dir / run_name``; copy its small
+    files to ``results``."""
     config = get_preset("lte", "cpu" if task_type == "program" else f"cpu-{task_type}")
     config.model, config.time_limit_min, config.device = model, minutes, "cpu"
-    config.out_dir, config.run_name = work_dir, f"{task_type}-{model}"
+    config.out_dir, config.run_name = work_dir, run_name
     result = run(config, "lte")
     assert cli.main(["eval", str(result.run_dir), "--device", "cpu"]) == 0
     assert cli.main(["plot", str(result.run_dir)]) == 0
-    kept = RESULTS / f"{task_type}-{model}"
+    kept = results / f"{task_type}-{model}"
     kept.mkdir(parents=True, exist_ok=True)
     for name in KEPT:
         shutil.copy(result.run_dir / name, kept / name)
@@ -46,13 +51,14 @@ def train(task_type: str, model: str, minutes: float, work_dir: Path) -> Path:
     return kept
 
 
-def table() -> str:
-    """A markdown row per kept run: steps, wall time, held-out accuracy and solved rate."""
+def table(results: Path) -> str:
+    """A markdown row per run kept in ``results``: steps, wall time, held-out accuracy and
+    solved rate."""
     rows = [
         "| task | model | steps | wall time | per-char accuracy | solved | length alone |",
         "|---|---|---|---|---|---|---|",
     ]
-    for kept in sorted(RESULTS.iterdir()):
+    for kept in sorted(results.iterdir()):
         summary = json.loads((kept / "summary.json").read_text())
         baseline = json.loads((kept / "baseline.json").read_text())
         task = json.loads((kept / "config.json").read_text())["task"]
@@ -67,16 +73,25 @@ def table() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", default="program", help="an LTE task type")
+    parser.add_argument("--task", choices=TASKS, default="program", help="an LTE task type")
     parser.add_argument("--model", choices=["rmc", "lstm", "dnc"], default="rmc")
     parser.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget")
     parser.add_argument("--work-dir", type=Path, default=Path("runs"))
+    parser.add_argument(
+        "--run-name", help="the run's directory under --work-dir (default: TASK-MODEL-UTC time)"
+    )
+    parser.add_argument(
+        "--results-dir", type=Path, default=RESULTS, help="where the small files are kept"
+    )
     parser.add_argument("--table", action="store_true", help="print the results table and exit")
     args = parser.parse_args()
     if args.table:
-        print(table())
+        print(table(args.results_dir))
         return
-    print(f"kept {train(args.task, args.model, args.minutes, args.work_dir)}")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    run_name = args.run_name or f"{args.task}-{args.model}-{stamp}"
+    kept = train(args.task, args.model, args.minutes, args.work_dir, args.results_dir, run_name)
+    print(f"kept {kept}")
 
 
 if __name__ == "__main__":

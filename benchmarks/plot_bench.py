@@ -41,7 +41,7 @@ def plot(path: Path, out: Path) -> None:
                 ax.text(
                     i + offset,
                     row[impl],
-                    f"{row[impl] / lstm:.1f}×",
+                    f"{row[impl] / lstm:.3g}×",
                     ha="center",
                     va="bottom",
                     fontsize=7,
@@ -63,16 +63,28 @@ def plot(path: Path, out: Path) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
+    plt.close(fig)
     print(f"wrote {out}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", type=Path)
-    parser.add_argument("--out", type=Path, help="output PNG (only with a single input file)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="where the PNGs go: a PNG file for one input, or a directory (default: beside "
+        "each JSON)",
+    )
     args = parser.parse_args()
+    if args.out is not None and len(args.files) > 1 and args.out.suffix == ".png":
+        parser.error("--out: give a directory for several input files, not one PNG")
     for path in args.files:
-        plot(path, args.out if args.out and len(args.files) == 1 else path.with_suffix(".png"))
+        out = path.with_suffix(".png")
+        if args.out is not None:
+            out = args.out if args.out.suffix == ".png" else args.out / out.name
+            out.parent.mkdir(parents=True, exist_ok=True)
+        plot(path, out)
 
 
 if __name__ == "__main__":

@@ -136,7 +136,12 @@ def measure(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=sorted(SHAPES))
-    parser.add_argument("--models", nargs="+", default=["rmc", "lstm", "convlstm"])
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        choices=["rmc", "lstm", "convlstm"],
+        default=["rmc", "lstm", "convlstm"],
+    )
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=20, help="T of the loss's [B, T] batch")
     parser.add_argument(

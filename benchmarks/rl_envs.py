@@ -84,6 +84,8 @@ def main() -> None:
         "--out", type=Path, default=Path(__file__).parent / "results" / "rl" / "env_speed.jsonl"
     )
     args = parser.parse_args()
+    if args.steps < 1 or args.batch < 1:
+        parser.error(f"--steps and --batch must be >= 1, got {args.steps} and {args.batch}")
     torch.set_num_threads(1)
     info = {"device": "cpu", **machine_info(torch.device("cpu"))}
     args.out.parent.mkdir(parents=True, exist_ok=True)

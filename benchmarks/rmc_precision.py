@@ -171,6 +171,10 @@ def main() -> None:
     )
     parser.add_argument("--json", help="also write the records and the machine to this file")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available on this machine; use --device cpu")
+    if args.sdpa and args.device != "cuda":
+        parser.error("--sdpa forces CUDA's attention backends; it needs --device cuda")
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # as the test: float32 means IEEE float32
     print(

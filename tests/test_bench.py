@@ -363,3 +363,37 @@ def test_precision_script_writes_its_records(tmp_path: Path) -> None:
         bound = 0.2 if name.endswith("bf16") else 1e-5
         assert all(0 <= record[e] < bound for e in errors), record
     assert "cpu" in written["machine"]
+
+
+@pytest.mark.parametrize(
+    ("only", "need"),
+    [
+        ("port", "--against-port PATH"),
+        ("fast+compile", "--compile"),
+        ("fast+graph", "--device cuda"),
+    ],
+)
+def test_bench_refuses_an_implementation_it_would_leave_out(
+    only: str, need: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--only port`` without ``--against-port`` wrote a result file with no results."""
+    argv = ["--device", "cpu", "--configs", "small", "--only", only, "--out", str(tmp_path)]
+    assert main(argv) == 2
+    assert one_error_line(capsys) == f"relmem bench: error: --only {only} needs {need}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_plot_bench_writes_several_plots_into_an_out_directory(tmp_path: Path) -> None:
+    """With several JSON files ``--out`` was ignored and each PNG written beside its JSON (in
+    the repository, for the committed results)."""
+    root = Path(__file__).resolve().parents[1]
+    sources = sorted((root / "benchmarks" / "results").glob("bench-cpu-*.json"))[:2]
+    assert len(sources) == 2
+    script = [sys.executable, str(root / "benchmarks" / "plot_bench.py"), *map(str, sources)]
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "MPLBACKEND": "Agg"}
+    subprocess.run([*script, "--out", str(tmp_path / "plots")], check=True, env=env)
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        s.with_suffix(".png").name for s in sources
+    ]
+    refused = subprocess.run([*script, "--out", str(tmp_path / "one.png")], env=env)
+    assert refused.returncode == 2

@@ -120,6 +120,26 @@ def _device(name: str) -> torch.device:
     return device
 
 
+def _check_only(args: BenchArgs, device: torch.device) -> None:
+    """Refuse an ``--only`` implementation this run cannot time (it was left out silently,
+    down to an empty result file).
+
+    Raises:
+        ValueError: naming the implementation and what it needs.
+    """
+    needs = {
+        "port": ("--against-port PATH", args.against_port is not None),
+        "fast+compile": ("--compile", args.compile),
+        "fast+graph": ("--device cuda", device.type == "cuda"),
+        "fast+graph+bf16": ("--device cuda", device.type == "cuda"),
+        "fused": ("--device cpu", device.type == "cpu"),
+    }
+    for name in args.only or ():
+        need, present = needs.get(name, ("", True))
+        if not present:
+            raise ValueError(f"--only {name} needs {need}")
+
+
 def parse(argv: list[str]) -> BenchArgs:
     """``relmem bench``'s options.
 
@@ -145,6 +165,7 @@ def main(argv: list[str]) -> int:
         return 0
     try:  # every option checked before the first timing
         device = _device(args.device)
+        _check_only(args, device)
         port = None if args.against_port is None else load_port_class(args.against_port)
         prepare_out_dir(args.out)
     except ValueError as exc:  # a PortError too; each message names its option
