@@ -121,22 +121,21 @@ class RMCConfig:
         }
         for name, value in positive.items():  # stored as Python ints (NumPy's are accepted)
             object.__setattr__(self, name, check_int(name, value, owner="RMCConfig"))
-        if self.key_size is not None:
-            key_size = as_int(self.key_size)
-            if key_size is None or key_size < 0:
-                raise ValueError(
-                    f"RMCConfig: key_size must be None or an integer >= 0 (0/None mean "
-                    f"key_size = head_size), got {self.key_size!r}"
-                )
-            object.__setattr__(self, "key_size", key_size)
-        if self.input_rows is not None:
-            input_rows = as_int(self.input_rows)
-            if input_rows is None or input_rows < 1:
-                raise ValueError(
-                    f"RMCConfig: input_rows must be None (vector input) or an integer >= 1 "
-                    f"(matrix input with that many rows), got {self.input_rows!r}"
-                )
-            object.__setattr__(self, "input_rows", input_rows)
+        optional = {  # name: (least integer, what the field accepts)
+            "key_size": (0, "None or an integer >= 0 (0/None mean key_size = head_size)"),
+            "input_rows": (
+                1,
+                "None (vector input) or an integer >= 1 (matrix input with that many rows)",
+            ),
+        }
+        for name, (minimum, accepted) in optional.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            number = as_int(value)
+            if number is None or number < minimum:
+                raise ValueError(f"RMCConfig: {name} must be {accepted}, got {value!r}")
+            object.__setattr__(self, name, number)
         if self.gate_style not in ("unit", "memory", None):
             raise ValueError(
                 f"RMCConfig: gate_style must be 'unit', 'memory' or None, got {self.gate_style!r}"
