@@ -56,7 +56,7 @@ def parse(argv: list[str]) -> tuple[str, TrainConfig, int]:
             given = resolve_checkpoint(given)
         # a run in training changes under its readers: refuse clearly before reading it
         check_unlocked(given.parent.parent if given.parent.name == CHECKPOINT_DIR else given)
-        ckpt = resolve_checkpoint(known.resume)
+        ckpt = resolve_checkpoint(given)
         run_task, default = load_run_config(ckpt.parent.parent)
         if run_task != task_name:
             raise ValueError(
