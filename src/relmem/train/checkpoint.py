@@ -291,7 +291,7 @@ def newest_intact(run_dir: Path, prefer_best: bool = False) -> tuple[Path, str |
     else:
         return ckpt, _passed_over(problems, ckpt)
     for candidate in reversed(list_checkpoints(run_dir)):
-        if _damage(candidate, (MODEL_FILE,)) is None:
+        if _intact(candidate, (MODEL_FILE,)):
             return candidate, _passed_over(problems, candidate)
     raise problems[-1]
 
@@ -304,9 +304,17 @@ def _passed_over(problems: list[CheckpointError], chosen: Path) -> str | None:
     return f"{reasons}; using the newest intact checkpoint, {chosen}"
 
 
-def _damage(ckpt: Path, files: tuple[str, ...]) -> tuple[str, Exception | None] | None:
-    """What is wrong with ``ckpt``'s ``files`` (missing, or not matching the hashes recorded
-    in its ``meta.json``) and the exception behind it; None when they are intact."""
+class _Damaged(Exception):
+    """A checkpoint's files are missing or do not match ``meta.json`` (the message says which;
+    :func:`verify_checkpoint` turns it into a :class:`CheckpointError` with a fallback)."""
+
+
+def _verified_meta(ckpt: Path, files: tuple[str, ...]) -> dict[str, Any]:
+    """``ckpt``'s ``meta.json`` once its ``files`` exist and match the hashes recorded there.
+
+    Raises:
+        _Damaged: what is missing or does not match.
+    """
     meta_path = ckpt / META_FILE
     try:
         meta = json.loads(meta_path.read_text())
@@ -314,17 +322,26 @@ def _damage(ckpt: Path, files: tuple[str, ...]) -> tuple[str, Exception | None] 
         if not isinstance(hashes, dict):
             raise TypeError(f"sha256 is {hashes!r}, not an object")
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        return f"checkpoint metadata {meta_path} is missing or unreadable ({exc})", exc
+        raise _Damaged(f"checkpoint metadata {meta_path} is missing or unreadable ({exc})") from exc
     for name in files:
         file = ckpt / name
         if not file.is_file():
-            return f"checkpoint file {file} is missing", None
+            raise _Damaged(f"checkpoint file {file} is missing")
         if _sha256(file) != hashes.get(name):
-            return (
+            raise _Damaged(
                 f"checkpoint file {file} is truncated or corrupt (its SHA-256 does not match "
                 f"{meta_path})"
-            ), None
-    return None
+            )
+    return meta
+
+
+def _intact(ckpt: Path, files: tuple[str, ...]) -> bool:
+    """Whether ``ckpt``'s ``files`` exist and match its ``meta.json``."""
+    try:
+        _verified_meta(ckpt, files)
+    except _Damaged:
+        return False
+    return True
 
 
 def _fallback(ckpt: Path, files: tuple[str, ...]) -> Path | None:
@@ -333,7 +350,7 @@ def _fallback(ckpt: Path, files: tuple[str, ...]) -> Path | None:
     steps = list_checkpoints(ckpt.parent.parent)
     if ckpt.name != BEST_NAME:
         steps = [p for p in steps if p.name < ckpt.name]
-    return next((p for p in reversed(steps) if _damage(p, files) is None), None)
+    return next((p for p in reversed(steps) if _intact(p, files)), None)
 
 
 def verify_checkpoint(
@@ -347,17 +364,15 @@ def verify_checkpoint(
         CheckpointError: naming the bad file and, as its ``fallback``, the newest earlier
             checkpoint whose same files are intact.
     """
-    damage = _damage(ckpt, files)
-    if damage is not None:
-        message, cause = damage
+    try:
+        return _verified_meta(ckpt, files)
+    except _Damaged as damage:
         older = _fallback(ckpt, files)
-        hint = (
-            f"The previous intact checkpoint is {older}."
-            if older
-            else ("No earlier intact checkpoint exists.")
-        )
-        raise CheckpointError(f"{message}. {hint}", older) from cause
-    return json.loads((ckpt / META_FILE).read_text())
+        if older:
+            hint = f"The previous intact checkpoint is {older}."
+        else:
+            hint = "No earlier intact checkpoint exists."
+        raise CheckpointError(f"{damage}. {hint}", older) from damage.__cause__
 
 
 def load_weights(
