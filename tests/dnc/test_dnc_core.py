@@ -297,14 +297,41 @@ def test_extra_repr_and_reset_parameters():
         ({"output_size": -2}, ValueError, "output_size must be None or an integer >= 1"),
         ({"num_layers": 0}, ValueError, "num_layers must be an integer >= 1"),
         ({"clip_value": -1.0}, ValueError, "clip_value must be a float >= 0"),
-        ({"memory_size": 4, "link": "sparse", "link_topk": 5}, ValueError, "link_topk"),
-        ({"compat": "tf"}, ValueError, "compat must be 'paper' or 'deepmind'"),
+        (
+            {"memory_size": 4, "link": "sparse", "link_topk": 5},
+            ValueError,
+            "link_topk must be at most memory_size = 4, got 5",
+        ),
+        ({"compat": "tf"}, ValueError, "compat must be one of 'paper', 'deepmind', got 'tf'"),
+        ({"memory_size": 0}, ValueError, "memory_size must be an integer >= 1, got 0"),
+        ({"num_read_heads": 0}, ValueError, "num_read_heads must be an integer >= 1, got 0"),
+        ({"link": "full"}, ValueError, "link must be one of 'dense', 'sparse', 'none'"),
+        ({"interface_clip": -1.0}, ValueError, "interface_clip must be a float >= 0"),
+        ({"eps": 0.0}, ValueError, r"eps must be a float in \(0, 0.1\), got 0.0"),
+        ({"key_mask": 1}, TypeError, "key_mask must be True or False, got 1"),
     ],
 )
 def test_bad_options_raise_clear_errors(kwargs, error, message):
     args = {"input_size": 3, "hidden_size": 8, **kwargs}
-    with pytest.raises(error, match=message):
+    # the memory's options are named as the cell's, not as the DNCMemory inside
+    with pytest.raises(error, match="^DNCCell: " + message):
         DNC(**args)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"input_size": 0}, "input_size must be an integer >= 1, got 0"),
+        ({"hidden_size": 0}, "hidden_size must be an integer >= 1, got 0"),
+        ({"num_layers": 0}, "num_layers must be an integer >= 1, got 0"),
+        ({"clip_value": -1.0}, "clip_value must be a float >= 0 \\(0 disables it\\)"),
+        ({"forget_bias": float("nan")}, "forget_bias must be a float, got nan"),
+    ],
+)
+def test_controller_checks_its_arguments(kwargs, message):
+    args = {"input_size": 5, "hidden_size": 4, **kwargs}
+    with pytest.raises(ValueError, match="^Controller: " + message):
+        Controller(**args)
 
 
 def test_bad_inputs_raise_clear_errors():

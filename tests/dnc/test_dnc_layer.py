@@ -114,6 +114,11 @@ def test_pre_encoder_and_inserted_between_layers():
     bad = make(pre_encoder=nn.Linear(6, 4, dtype=f64))
     with pytest.raises(ValueError, match=r"pre_encoder must keep the shape \(5, 3, 6\)"):
         bad(x)
+    # nn.GRU returns (output, h_n): the error says so instead of failing on a tuple
+    with pytest.raises(TypeError, match=r"pre_encoder must return one tensor.*got tuple"):
+        make(pre_encoder=nn.GRU(6, 6, dtype=f64))(x)
+    with pytest.raises(TypeError, match="pre_encoder must be None or an nn.Module, got str"):
+        make(pre_encoder="gru")
 
 
 def test_sparse_and_no_link_variants_run():
@@ -129,9 +134,24 @@ def test_bad_arguments_raise_clear_errors():
         MemoryControllerLayer(0)
     with pytest.raises(ValueError, match="controller must be 'gru' or 'lstm', got 'rnn'"):
         MemoryControllerLayer(4, controller="rnn")
+    # the memory's options are named as the layer's caller wrote them
+    with pytest.raises(
+        ValueError,
+        match="^MemoryControllerLayer: link_topk must be at most memory_slots = 4, got 9",
+    ):
+        MemoryControllerLayer(6, 4, 3, 2, link="sparse", link_topk=9)
+    with pytest.raises(
+        ValueError, match="^MemoryControllerLayer: read_heads must be an integer >= 1, got 0"
+    ):
+        MemoryControllerLayer(6, read_heads=0)
+    with pytest.raises(ValueError, match="^MemoryControllerLayer: eps must be a float in"):
+        MemoryControllerLayer(6, eps=0.5)
     layer = make()
     with pytest.raises(ValueError, match=r"d_model=6 features per step.*shape \(5, 3, 4\)"):
         layer(torch.randn(5, 3, 4, dtype=f64))
+    # a wrong rank shows the shape as passed (batch-first here), not the time-major one
+    with pytest.raises(ValueError, match=r"expected input of rank 3, got shape \(3, 5, 6, 1\)"):
+        make(batch_first=True)(torch.randn(3, 5, 6, 1, dtype=f64))
     with pytest.raises(ValueError, match=r"state.controller\[0\] batch size mismatch"):
         state = layer.initial_state(3)
         layer(tokens(batch=3), state._replace(controller=(torch.zeros(2, 6, dtype=f64),)))

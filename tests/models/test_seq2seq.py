@@ -109,3 +109,26 @@ def test_separate_decoder_has_its_own_core_and_teacher_forcing_reads_the_given_t
     la, lb = forced(a)[0], forced(b)[0]
     torch.testing.assert_close(la[:, :-1], lb[:, :-1])  # step t reads token t: causal
     assert not torch.allclose(la[:, -1], lb[:, -1])
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_a_batch_of_empty_programs_decodes_from_the_initial_state(name: str):
+    # Every program empty (all padding): the encoder runs one padded step, which changes no
+    # state, instead of a zero-step sequence the cores refuse.
+    model = tiny(name)
+    logits, _ = model(programs([0, 0]))
+    state = model.initial_state(2)
+    decoded, _ = model.core(torch.zeros(2, T_OUT, model.encoder.output_size), state)
+    torch.testing.assert_close(logits, model.head(decoded))
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_an_empty_program_keeps_the_initial_state_beside_others(name: str):
+    # Length 0 beside longer programs (the LSTM's packing refused it): that row decodes from
+    # the initial state, the others as they would alone.
+    model = tiny(name)
+    inputs = programs([4, 0, 2])
+    logits, _ = model(inputs)
+    for row in range(3):
+        alone, _ = model(inputs[row : row + 1])
+        torch.testing.assert_close(logits[row : row + 1], alone, atol=1e-6, rtol=1e-5)

@@ -17,8 +17,10 @@ from relmem.validation import check_at_least, check_choice
 
 @dataclass
 class DNCModelConfig:
-    """DNC settings (see :class:`relmem.cores.dnc.DNC`); the defaults are ``deepmind/dnc``
-    ``train.py``'s repeat-copy model (``docs/dnc.md`` §14).
+    """DNC settings (see :class:`relmem.cores.dnc.DNC`). The sizes and ``clip_value`` default to
+    ``deepmind/dnc`` ``train.py``'s repeat-copy model (``docs/dnc.md`` §14); ``compat`` defaults
+    to 'paper' (Graves et al.'s activations and PyTorch's initialisation), so the default is a
+    paper-mode DNC clipped at 20. ``compat='deepmind'`` gives deepmind's model entire.
 
     Attributes:
         hidden_size: Hc, units per LSTM controller layer.

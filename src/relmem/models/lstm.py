@@ -37,7 +37,7 @@ class LSTMCore(nn.LSTM):
     changes: a batch-leading state and ``lengths``.
 
     Shapes:
-        - inputs: ``[B, T, F]``; lengths: optional ``[B]`` int64 in ``1..T``.
+        - inputs: ``[B, T, F]``; lengths: optional ``[B]`` int64 in ``0..T``.
         - state: ``(h, c)``, each ``[B, L, H]`` (batch-leading, unlike ``nn.LSTM``'s
           ``[L, B, H]``); None means zeros.
         - outputs: ``[B, T, H]`` of the top layer, zeros after each example's last valid step.
@@ -68,9 +68,19 @@ class LSTMCore(nn.LSTM):
         if lengths is None:
             outputs, (h, c) = super().forward(inputs, hx)
         else:
-            packed = pack_padded_sequence(inputs, lengths.cpu(), True, enforce_sorted=False)
+            # Packing needs every length >= 1: an empty example runs one step, whose output and
+            # state are then replaced by zeros and its initial state.
+            lengths = lengths.cpu()
+            empty = lengths == 0  # [B]
+            packed = pack_padded_sequence(inputs, lengths.clamp(min=1), True, enforce_sorted=False)
             packed_out, (h, c) = super().forward(packed, hx)  # h, c in the input's order
             outputs, _ = pad_packed_sequence(packed_out, True, total_length=inputs.shape[1])
+            if empty.any():
+                empty = empty.to(inputs.device)
+                outputs = outputs.masked_fill(empty.view(-1, 1, 1), 0)
+                h0, c0 = hx if hx is not None else (torch.zeros_like(h), torch.zeros_like(c))
+                h = torch.where(empty.view(1, -1, 1), h0, h)
+                c = torch.where(empty.view(1, -1, 1), c0, c)
         return outputs, (h.transpose(0, 1), c.transpose(0, 1))
 
 

@@ -66,7 +66,8 @@ class Seq2SeqModel(nn.Module):
         program = inputs[:, : self.input_steps]  # [B, T_in]
         if lengths is None:
             lengths = (program != self.decoder.pad_index).sum(1)  # [B]
-        program = program[:, : int(lengths.max())]  # steps past every length change nothing
+        # steps past every length change nothing; one step is kept for a batch of padding alone
+        program = program[:, : max(1, int(lengths.max()))]
         encoded, state = self.core(self.encoder(program), state, lengths=lengths)
         batch, steps = inputs.shape[0], self.decoder.steps
         if self.decoder.teacher_forcing:

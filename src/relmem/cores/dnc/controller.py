@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relmem.cores.base import check_state_tensor
-from relmem.validation import check_factory
+from relmem.validation import check_factory, check_float, check_int
 
 ControllerKind = Literal["lstm", "gru"]
 ControllerState = tuple[Any, ...]
@@ -79,17 +79,28 @@ class Controller(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        name = type(self).__name__
+        for arg, value in (
+            ("input_size", input_size),
+            ("hidden_size", hidden_size),
+            ("num_layers", num_layers),
+        ):
+            check_int(arg, value, owner=name)
         if kind not in ("lstm", "gru"):
-            raise ValueError(f"Controller: kind must be 'lstm' or 'gru', got {kind!r}")
+            raise ValueError(f"{name}: kind must be 'lstm' or 'gru', got {kind!r}")
+        forget_bias = check_float("forget_bias", forget_bias, owner=name)
         if kind == "gru" and forget_bias != 0:
-            raise ValueError("Controller: forget_bias applies to an LSTM controller only")
-        check_factory(device, dtype, owner="Controller")
+            raise ValueError(f"{name}: forget_bias applies to an LSTM controller only")
+        clip_value = check_float(
+            "clip_value", clip_value, minimum=0, owner=name, note=" (0 disables it)"
+        )
+        check_factory(device, dtype, owner=name)
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.num_layers = num_layers
         self.kind: ControllerKind = kind
-        self.forget_bias = float(forget_bias)
-        self.clip_value = float(clip_value)
+        self.forget_bias = forget_bias
+        self.clip_value = clip_value
         cell_type = nn.LSTMCell if kind == "lstm" else nn.GRUCell
         self.cells = nn.ModuleList(
             cell_type(

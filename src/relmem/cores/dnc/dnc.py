@@ -24,7 +24,13 @@ from torch.nn.utils.rnn import PackedSequence
 from relmem.cores.base import finish_sequence, prepare_sequence, run_cell_loop
 from relmem.cores.dnc.addressing import EPSILON
 from relmem.cores.dnc.controller import Controller, ControllerState
-from relmem.cores.dnc.memory import Compat, DNCMemory, DNCMemoryState, LinkKind
+from relmem.cores.dnc.memory import (
+    Compat,
+    DNCMemory,
+    DNCMemoryState,
+    LinkKind,
+    check_memory_options,
+)
 from relmem.validation import check_bool, check_factory, check_float, check_int
 
 
@@ -183,6 +189,22 @@ class DNCCell(nn.Module):
         ):
             check_int(arg, value, owner=name)
         check_int("output_size", output_size, owner=name, optional=True)
+        memory_options = {
+            "memory_size": memory_size,
+            "word_size": word_size,
+            "num_read_heads": num_read_heads,
+            "num_write_heads": num_write_heads,
+            "compat": compat,
+            "link": link,
+            "link_topk": link_topk,
+            "usage_write_grad": usage_write_grad,
+            "dealloc_content": dealloc_content,
+            "key_mask": key_mask,
+            "link_sharpness": link_sharpness,
+            "interface_clip": interface_clip,
+            "eps": eps,
+        }
+        check_memory_options(name, memory_options)
         if clip_value is None:
             clip_value = 20.0 if compat == "deepmind" else 0.0
         check_float("clip_value", clip_value, minimum=0, owner=name, note=" (0 disables it)")
@@ -192,23 +214,7 @@ class DNCCell(nn.Module):
         self.output_size = hidden_size if output_size is None else output_size
         self.compat: Compat = compat
         self.clip_value = float(clip_value)
-        self.memory = DNCMemory(
-            hidden_size * num_layers,
-            memory_size,
-            word_size,
-            num_read_heads,
-            num_write_heads,
-            compat=compat,
-            link=link,
-            link_topk=link_topk,
-            usage_write_grad=usage_write_grad,
-            dealloc_content=dealloc_content,
-            key_mask=key_mask,
-            link_sharpness=link_sharpness,
-            interface_clip=interface_clip,
-            eps=eps,
-            **factory,
-        )
+        self.memory = DNCMemory(hidden_size * num_layers, **memory_options, **factory)
         self.controller = Controller(
             input_size + self.memory.read_size,
             hidden_size,

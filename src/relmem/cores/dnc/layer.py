@@ -32,7 +32,7 @@ from relmem.cores.base import finish_sequence, prepare_sequence, where_active
 from relmem.cores.dnc.addressing import EPSILON
 from relmem.cores.dnc.controller import Controller, ControllerKind
 from relmem.cores.dnc.dnc import DNCState, check_step_input
-from relmem.cores.dnc.memory import DNCMemory, LinkKind
+from relmem.cores.dnc.memory import DNCMemory, LinkKind, check_memory_options
 from relmem.validation import check_bool, check_factory, check_int
 
 
@@ -95,13 +95,26 @@ class MemoryControllerLayer(nn.Module):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        for arg, value in (
-            ("d_model", d_model),
-            ("memory_slots", memory_slots),  # named here as the caller knows them, not as
-            ("word_size", word_size),  # DNCMemory's memory_size, num_read_heads
-            ("read_heads", read_heads),
-        ):
-            check_int(arg, value, owner=name)
+        check_int("d_model", d_model, owner=name)
+        memory_options = {
+            "memory_size": memory_slots,
+            "word_size": word_size,
+            "num_read_heads": read_heads,
+            "num_write_heads": 1,
+            "link": link,
+            "link_topk": link_topk,
+            "interface_clip": interface_clip,
+            "eps": eps,
+        }
+        # named in errors as the caller knows them, not as DNCMemory's memory_size, ...
+        check_memory_options(
+            name, memory_options, {"memory_size": "memory_slots", "num_read_heads": "read_heads"}
+        )
+        if pre_encoder is not None and not isinstance(pre_encoder, nn.Module):
+            raise TypeError(
+                f"{name}: pre_encoder must be None or an nn.Module, got "
+                f"{type(pre_encoder).__name__}"
+            )
         if controller not in ("gru", "lstm"):
             raise ValueError(f"{name}: controller must be 'gru' or 'lstm', got {controller!r}")
         factory = check_factory(device, dtype, owner=name)
@@ -109,18 +122,7 @@ class MemoryControllerLayer(nn.Module):
         self.bidirectional = check_bool("bidirectional", bidirectional, owner=name)
         self.batch_first = check_bool("batch_first", batch_first, owner=name)
         self.pre_encoder = pre_encoder
-        self.memory = DNCMemory(
-            d_model,
-            memory_slots,
-            word_size,
-            read_heads,
-            1,
-            link=link,
-            link_topk=link_topk,
-            interface_clip=interface_clip,
-            eps=eps,
-            **factory,
-        )
+        self.memory = DNCMemory(d_model, **memory_options, **factory)
         self.controller = Controller(
             d_model + self.memory.read_size, d_model, 1, controller, **factory
         )
@@ -195,10 +197,10 @@ class MemoryControllerLayer(nn.Module):
         name = type(self).__name__
         seq = prepare_sequence(input, lengths, self.batch_first, 3, name)
         d = seq.inputs  # [T, B, D]
-        if d.dim() != 3:
-            raise ValueError(f"{name}: expected input of rank 3, got shape {tuple(d.shape)}")
-        device, dtype = self.memory.factory_defaults()
         shown = tuple(input.shape) if isinstance(input, Tensor) else tuple(d.shape)
+        if d.dim() != 3:
+            raise ValueError(f"{name}: expected input of rank 3, got shape {shown}")
+        device, dtype = self.memory.factory_defaults()
         check_step_input(
             name, d[0], self.d_model, device, dtype, size_name="d_model", sequence_shape=shown
         )
@@ -207,6 +209,12 @@ class MemoryControllerLayer(nn.Module):
         x = d
         if self.pre_encoder is not None:
             encoded = self.pre_encoder(d.transpose(0, 1) if self.batch_first else d)
+            if not isinstance(encoded, Tensor):
+                raise TypeError(
+                    f"{name}: pre_encoder must return one tensor of the input's shape, got "
+                    f"{type(encoded).__name__} (nn.GRU and nn.LSTM return (output, state): "
+                    "wrap such a module so that it returns the output alone)"
+                )
             x = encoded.transpose(0, 1) if self.batch_first else encoded
             if x.shape != d.shape:
                 raise ValueError(

@@ -12,6 +12,7 @@ Notation: B batch, N ``memory_size``, W ``word_size``, R ``num_read_heads``, Wh
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -20,7 +21,7 @@ from torch import Tensor, nn
 
 from relmem.cores.base import check_state_tensor
 from relmem.cores.dnc import addressing as A
-from relmem.validation import check_bool, check_factory, check_float, check_int
+from relmem.validation import check_bool, check_choice, check_factory, check_float, check_int
 
 Compat = Literal["paper", "deepmind"]
 LinkKind = Literal["dense", "sparse", "none"]
@@ -167,6 +168,64 @@ def interface_layout(
     return InterfaceLayout(tuple(fields))
 
 
+_SIZES = ("memory_size", "word_size", "num_read_heads", "num_write_heads")
+_FLAGS = ("usage_write_grad", "dealloc_content", "key_mask", "link_sharpness")
+
+
+def check_memory_options(
+    owner: str, options: Mapping[str, Any], names: Mapping[str, str] | None = None
+) -> None:
+    """Check :class:`DNCMemory`'s keyword arguments as a module built on the memory received
+    them, so that its errors name that module and its caller's argument names.
+
+    Args:
+        owner: the class named in the errors.
+        options: any of :class:`DNCMemory`'s arguments from ``memory_size`` to ``eps``, by
+            name; ``link_topk`` is checked against ``memory_size`` when both are there.
+        names: the caller's name of an argument where it differs (the memory-controller
+            layer's ``memory_slots`` for ``memory_size``).
+
+    Raises:
+        ValueError, TypeError: the first bad value, naming ``owner``, the argument and what
+        it accepts.
+    """
+    names = names or {}
+
+    def named(key: str) -> str:
+        return names.get(key, key)
+
+    for key in _SIZES:
+        if key in options:
+            check_int(named(key), options[key], owner=owner)
+    if "compat" in options:
+        check_choice(named("compat"), options["compat"], ("paper", "deepmind"), owner=owner)
+    if "link" in options:
+        check_choice(named("link"), options["link"], ("dense", "sparse", "none"), owner=owner)
+    if "link_topk" in options:  # also when unused: a typo is still one
+        topk = check_int(named("link_topk"), options["link_topk"], owner=owner)
+        slots = options.get("memory_size")
+        if options.get("link") == "sparse" and slots is not None and topk > slots:
+            raise ValueError(
+                f"{owner}: {named('link_topk')} must be at most {named('memory_size')} = "
+                f"{slots}, got {topk}"
+            )
+    if "interface_clip" in options:
+        check_float(
+            named("interface_clip"),
+            options["interface_clip"],
+            minimum=0,
+            owner=owner,
+            note=" (0 disables it)",
+        )
+    if "eps" in options:
+        eps = options["eps"]
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 0.1:
+            raise ValueError(f"{owner}: {named('eps')} must be a float in (0, 0.1), got {eps!r}")
+    for key in _FLAGS:
+        if key in options:
+            check_bool(named(key), options[key], owner=owner)
+
+
 class DNCMemory(nn.Module):
     """DNC memory access (``docs/dnc.md`` §3–§9): one interface vector in, reads and state out.
 
@@ -226,35 +285,25 @@ class DNCMemory(nn.Module):
         name = type(self).__name__
         if input_size is not None:
             check_int("input_size", input_size, owner=name)
-        for arg, value in (
-            ("memory_size", memory_size),
-            ("word_size", word_size),
-            ("num_read_heads", num_read_heads),
-            ("num_write_heads", num_write_heads),
-        ):
-            check_int(arg, value, owner=name)
-        if compat not in ("paper", "deepmind"):
-            raise ValueError(f"{name}: compat must be 'paper' or 'deepmind', got {compat!r}")
-        if link not in ("dense", "sparse", "none"):
-            raise ValueError(f"{name}: link must be 'dense', 'sparse' or 'none', got {link!r}")
-        check_int("link_topk", link_topk, owner=name)  # also when unused: a typo is still one
-        if link == "sparse" and link_topk > memory_size:
-            raise ValueError(
-                f"{name}: link_topk must be at most memory_size = {memory_size}, got {link_topk}"
-            )
-        check_float(
-            "interface_clip", interface_clip, minimum=0, owner=name, note=" (0 disables it)"
+        check_memory_options(
+            name,
+            {
+                "memory_size": memory_size,
+                "word_size": word_size,
+                "num_read_heads": num_read_heads,
+                "num_write_heads": num_write_heads,
+                "compat": compat,
+                "link": link,
+                "link_topk": link_topk,
+                "usage_write_grad": usage_write_grad,
+                "dealloc_content": dealloc_content,
+                "key_mask": key_mask,
+                "link_sharpness": link_sharpness,
+                "interface_clip": interface_clip,
+                "eps": eps,
+            },
         )
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 0.1:
-            raise ValueError(f"{name}: eps must be a float in (0, 0.1), got {eps!r}")
         check_factory(device, dtype, owner=name)
-        for flag, value in (
-            ("usage_write_grad", usage_write_grad),
-            ("dealloc_content", dealloc_content),
-            ("key_mask", key_mask),
-            ("link_sharpness", link_sharpness),
-        ):
-            check_bool(flag, value, owner=name)
         self.input_size = input_size
         self.memory_size = memory_size
         self.word_size = word_size
