@@ -127,6 +127,33 @@ def test_generate_and_resume_errors(tmp_path: Path, capsys) -> None:
     assert "holds weights only" in capsys.readouterr().err
 
 
+def test_a_changed_vocabulary_is_refused_by_eval_generate_and_resume(
+    tmp_path: Path, capsys
+) -> None:
+    """A line moved to the front of train.txt keeps the vocabulary's size and moves its ids:
+    the weights loaded silently and read other words (validation perplexity 1.3 -> 462)."""
+    data = write_sample(tmp_path / "data", "txt")
+    assert cli.main(train_args(data, tmp_path, "run", "--steps", "3")) == 0
+    run_dir = tmp_path / "run"
+    recorded = json.loads((run_dir / "data.json").read_text())["vocabulary"]
+    assert recorded["tokenization"] == "word" and recorded["size"] > 10
+    train = data / "train.txt"
+    lines = train.read_text(encoding="utf-8").splitlines(keepends=True)
+    train.write_text(lines[-2] + "".join(lines), encoding="utf-8")  # the same words, reordered
+    capsys.readouterr()
+    for command in (
+        ["eval", str(run_dir)],
+        ["generate", str(run_dir), "--prompt", "The lamps"],
+        ["train", "lm", "--resume", str(run_dir), "--steps", "6"],
+    ):
+        assert cli.main(command) == 2, command
+        err = capsys.readouterr().err
+        assert f"the data differs from what {run_dir} trained on" in err, command
+        assert '"size": ' + str(recorded["size"]) in err and "restore the data" in err
+    train.write_text("".join(lines), encoding="utf-8")  # restored: accepted again
+    assert cli.main(["eval", str(run_dir)]) == 0
+
+
 def test_missing_split_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
     data = write_sample(tmp_path / "data", "txt")
     (data / "valid.txt").unlink()

@@ -17,6 +17,7 @@ from relmem.tasks import NthFarthestConfig, RepeatCopyConfig
 from relmem.tasks.base import step_generator
 from relmem.tasks.registry import get_task, list_tasks, registered
 from relmem.train import checkpoint as ckpt_io
+from relmem.train.distributed import DistInfo
 from relmem.train.evaluation import evaluate
 from relmem.train.loop import run
 from relmem.train.metrics import read_metrics
@@ -82,6 +83,25 @@ def test_stateful_eval_carries_state_across_the_split(tiny, episode_bits) -> Non
     direct = task.measure(logits, held_out)
     assert walked["accuracy"] == pytest.approx(direct["accuracy"].value().item(), abs=1e-12)
     assert walked["loss"] == pytest.approx(direct["loss"].value().item(), rel=1e-5)
+
+
+def test_a_rank_without_held_out_rows_adds_nothing(tiny, episode_bits, monkeypatch) -> None:
+    """Fewer held-out rows than processes (``--task.eval-rows 1`` on two ranks): the rank
+    without rows adds zeros to the sums, where the RMC refused its empty batch and the run
+    died at its first evaluation."""
+    config = episode_config(tiny, True, model="rmc")
+    task = get_task("episode-bits").build(config.task)
+    model = build_model(config, task)
+    one_row = task.held_out(torch.device("cpu")).select(slice(0, 1))
+    shares = []  # each rank's sums before the all-reduce, which is left out here
+    monkeypatch.setattr(
+        "relmem.train.evaluation.all_reduce_sum", lambda t, info: shares.append(t.clone())
+    )
+    alone = evaluate(model, task, one_row)
+    for rank in (0, 1):
+        evaluate(model, task, one_row, info=DistInfo(rank=rank, world_size=2))
+    assert torch.equal(shares[2], shares[0]) and not shares[4].any()  # sums; by_group between
+    assert alone["loss"] > 0
 
 
 def test_stateful_resume_is_exact(tiny, episode_bits, tmp_path: Path) -> None:

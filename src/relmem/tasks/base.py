@@ -306,6 +306,14 @@ class Task(ABC):
         if state:
             raise ValueError(f"{type(self).__name__} keeps no state; got keys {sorted(state)}")
 
+    def data_identity(self) -> dict[str, Any]:
+        """What trained weights depend on beyond the config, as JSON values: a corpus's
+        vocabulary, through which ids mean words. A run records it in ``data.json`` when it
+        starts; resuming, evaluating or generating from the run refuses data whose identity
+        differs (the weights would load and read other words). ``{}`` (the default, a task
+        that draws its data from the config alone) records nothing."""
+        return {}
+
     def breakdown(self, device: torch.device) -> Batch | None:
         """A fixed set spanning the task's difficulty levels, with ``groups``, that
         ``relmem eval`` also reports group by group (None: the held-out set's groups are the

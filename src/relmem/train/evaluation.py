@@ -137,7 +137,8 @@ def evaluate(
     device = batch.inputs.device
     totals = Totals(task, device)
     rows = torch.arange(info.rank, batch.size, info.world_size, device=device)
-    for part in rows.split(chunk):
+    # a set of fewer rows than ranks leaves some ranks none: they add zeros to the sums
+    for part in rows.split(chunk) if rows.numel() else ():
         forward_batch(model, task, batch.select(part), totals, bf16=bf16)
     totals.all_reduce(info)
     model.train(was_training)

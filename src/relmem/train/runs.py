@@ -2,7 +2,9 @@
 
 A run directory holds ``config.json`` (the resolved :class:`TrainConfig` and the task's name),
 ``run.json`` (one record per invocation: command line, versions, git SHA, device),
-``metrics.jsonl``, ``tb/``, ``checkpoints/`` and ``summary.json``.
+``data.json`` (what the weights depend on beyond the config, such as a corpus's vocabulary;
+only for tasks that have such data), ``metrics.jsonl``, ``tb/``, ``checkpoints/`` and
+``summary.json``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from relmem.train.distributed import DistInfo
 # The most parameters a command builds unless --max-parameters lifts it (2^28 float32 weights are
 # 1 GiB, Adam's moments twice that): a config.json from elsewhere cannot ask for any allocation.
 MAX_PARAMETERS = 2**28
+
+DATA_FILE = "data.json"  # the task's data identity (Task.data_identity) when the run started
 
 
 ModelBuilder = Callable[[TrainConfig, Task], nn.Module]
@@ -174,6 +178,47 @@ def record_invocation(
     write_json(path, record)
 
 
+def record_data_identity(run_dir: Path, task: Task) -> None:
+    """Write ``task.data_identity()`` to ``RUN_DIR/data.json`` (nothing when it is empty)."""
+    identity = task.data_identity()
+    if identity:
+        write_json(run_dir / DATA_FILE, identity)
+
+
+def check_data_identity(run_dir: Path, task: Task) -> None:
+    """Refuse ``task``'s data when it differs from what the run recorded in ``data.json``
+    (:meth:`~relmem.tasks.base.Task.data_identity`). A run without the file (one that
+    predates it, or a task that records nothing) is not checked.
+
+    Raises:
+        ValueError: the identities differ (naming each differing entry, recorded and now) or
+            the file cannot be read.
+    """
+    path = Path(run_dir) / DATA_FILE
+    if not path.exists():
+        return
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from exc
+    now = task.data_identity()
+    if recorded == now:
+        return
+    keys = sorted(set(recorded) | set(now)) if isinstance(recorded, dict) else sorted(now)
+    differences = [
+        f"{key}: {json.dumps(recorded.get(key) if isinstance(recorded, dict) else recorded)} "
+        f"when the run started, {json.dumps(now.get(key))} now"
+        for key in keys
+        if not isinstance(recorded, dict) or recorded.get(key) != now.get(key)
+    ]
+    raise ValueError(
+        f"the data differs from what {run_dir} trained on ({path}): "
+        + "; ".join(differences)
+        + ". The weights would read it wrongly (a vocabulary's ids would name other words): "
+        "restore the data the run used (where its config.json's task section points)"
+    )
+
+
 def load_run_config(run_dir: Path) -> tuple[str, TrainConfig]:
     """``(task_name, config)`` from ``RUN_DIR/config.json`` (strictly validated).
 
@@ -234,6 +279,7 @@ def load_trained(
     """
     task_name, config = load_run_config(run_dir)
     task = get_task(task_name).build(config.task)
+    check_data_identity(run_dir, task)
     check_model_size(config, task, max_parameters, build)
     if checkpoint is None:
         ckpt, note = ckpt_io.newest_intact(run_dir, prefer_best)

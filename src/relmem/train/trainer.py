@@ -45,9 +45,11 @@ from relmem.train.lock import RunLock
 from relmem.train.metrics import JsonlLogger, MetricLogger, MultiLogger, TensorBoardLogger
 from relmem.train.runs import (
     build_model,
+    check_data_identity,
     check_model_size,
     new_run_dir,
     read_invocations,
+    record_data_identity,
     record_invocation,
     write_json,
 )
@@ -224,6 +226,8 @@ class Trainer:
         self.run_dir = (
             new_run_dir(config, task_name, info) if resume is None else resume.parent.parent
         )
+        if resume is not None:
+            check_data_identity(self.run_dir, self.task)
 
         self.model = self.build_model()
         if info.enabled:  # the same weights everywhere, then each rank its own dropout masks
@@ -376,6 +380,8 @@ class Trainer:
             self.config_dict | {"resume": None} if resumed else self.config_dict,
         )
         record_invocation(self.run_dir, config, self.device, self.info, argv, invocations)
+        if not resumed:
+            record_data_identity(self.run_dir, self.task)
         loggers: list[MetricLogger] = [jsonl]
         if config.tensorboard:
             loggers.append(TensorBoardLogger(self.run_dir / "tb", purge_step=step or None))

@@ -12,9 +12,11 @@ validation perplexity are kept.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import tyro
@@ -169,6 +171,19 @@ class LanguageModel(Task):
         tokens = torch.full_like(nll[:, 0], nll.shape[1])  # [B]
         summed = Measure(nll.sum(1), tokens)
         return {"loss": summed, self.metric.name: summed}
+
+    def data_identity(self) -> dict[str, Any]:
+        """The vocabulary: tokenization, size and a SHA-1 of the tokens in id order (a changed
+        corpus file can keep the size and move every id)."""
+        vocab = self.corpus.vocab
+        digest = hashlib.sha1(json.dumps(vocab, ensure_ascii=False).encode("utf-8"))
+        return {
+            "vocabulary": {
+                "tokenization": self.corpus.tokenization,
+                "size": len(vocab),
+                "sha1": digest.hexdigest(),
+            }
+        }
 
     def step_labels(self, inputs: Tensor) -> list[str]:
         """The tokens of ``inputs [T]``."""
