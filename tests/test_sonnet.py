@@ -208,3 +208,38 @@ def test_forward_matches_sonnet_layout_computation(gate_style):
         output, state = cell(torch.from_numpy(inputs), torch.from_numpy(memory))
     np.testing.assert_allclose(state.memory.numpy(), expected, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(output.numpy(), expected.reshape(4, -1), rtol=1e-10, atol=1e-12)
+
+
+def test_any_float_array_loads_and_a_bad_one_writes_nothing():
+    """A big-endian array (as ``np.load`` returns from such a file) or a long double loads; the
+    conversion used to fail on the last variable after the others had been written."""
+    cell = RelationalMemoryCell(5, 2, 3, 1, dtype=torch.float64)
+    variables = random_variables(cell)
+    last = list(variables)[-1]
+    swapped = {k: v.astype(v.dtype.newbyteorder(">")) for k, v in variables.items()}
+    swapped[last] = variables[last].astype(np.longdouble)
+    load_variables(cell, swapped)
+    for name, value in dump_variables(cell).items():
+        np.testing.assert_array_equal(value, variables[name].astype(np.float64))
+    before = {k: v.copy() for k, v in dump_variables(cell).items()}
+    broken = dict(variables, **{last: np.zeros(variables[last].shape, np.complex64)})
+    with pytest.raises(ValueError, match=f"dtype of {last}: expected a float array"):
+        load_variables(cell, broken)
+    for name, value in dump_variables(cell).items():
+        np.testing.assert_array_equal(value, before[name])
+
+
+def test_an_outer_scope_is_named_and_taken():
+    cell = RelationalMemoryCell(5, 2, 3, 1)
+    variables = dump_variables(cell, scope="rnn/relational_memory/")
+    with pytest.raises(ValueError, match="prefix 'rnn/relational_memory/': pass it as scope"):
+        load_variables(cell, variables)
+    load_variables(cell, variables, scope="rnn/")
+
+
+def test_a_bfloat16_core_dumps_as_float32():
+    cell = RelationalMemoryCell(5, 2, 3, 1).to(torch.bfloat16)
+    dumped = dump_variables(cell)
+    assert all(value.dtype == np.float32 for value in dumped.values())
+    expected = cell.input_projection.weight.detach().float().T.numpy()
+    np.testing.assert_array_equal(dumped["linear/w"], expected)

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from relmem.cores.rmc import RelationalMemory, RelationalMemoryCell
 
@@ -97,25 +97,47 @@ def sonnet_layout(module: RelationalMemoryCell | RelationalMemory) -> list[_Entr
     return entries
 
 
-def _normalise_name(name: str) -> str:
-    """Strip a trailing ``:0`` and a leading ``relational_memory/`` scope."""
+def _normalise_name(name: str, scope: str) -> str:
+    """Strip a trailing ``:0``, then ``scope`` and a ``relational_memory/`` scope in front."""
     if name.endswith(":0"):
         name = name[:-2]
-    if name.startswith(SCOPE):
-        name = name[len(SCOPE) :]
+    for prefix in (scope, SCOPE):
+        if prefix and name.startswith(prefix):
+            name = name[len(prefix) :]
     return name
 
 
+def _scope_hint(given: Mapping[str, np.ndarray], expected: set[str]) -> str:
+    """When no expected name was found but every given one ends in one, the prefix they share,
+    as a hint to pass it as ``scope``; else nothing."""
+    if expected & set(given):
+        return ""
+    prefixes = set()
+    for name in given:  # the shortest prefix: mlp/linear_0/w also ends in linear_0/w
+        lengths = [len(want) for want in expected if name.endswith("/" + want)]
+        if not lengths:
+            return ""
+        prefixes.add(name[: -max(lengths)])
+    if len(prefixes) != 1:
+        return ""
+    return f"\n(every name carries the prefix {next(iter(prefixes))!r}: pass it as scope)"
+
+
 def load_variables(
-    module: RelationalMemoryCell | RelationalMemory, variables: Mapping[str, np.ndarray]
+    module: RelationalMemoryCell | RelationalMemory,
+    variables: Mapping[str, np.ndarray],
+    scope: str = "",
 ) -> None:
     """Fill ``module`` from a Sonnet v1 ``RelationalMemory``'s variables.
 
     Args:
         module: the target core; its configuration must match the Sonnet module's.
-        variables: Sonnet variable name → NumPy array (or anything ``np.asarray`` accepts).
-            Names may carry a leading ``relational_memory/`` scope and a trailing ``:0``.
-            Optimizer slots (names ending in ``/Adam`` or ``/Adam_1``) are ignored.
+        variables: Sonnet variable name → NumPy array of any float dtype and byte order (or
+            anything ``np.asarray`` accepts). Names may carry ``scope``, a leading
+            ``relational_memory/`` scope and a trailing ``:0``. Optimizer slots (names ending
+            in ``/Adam`` or ``/Adam_1``) are ignored.
+        scope: a prefix the names carry before the module's own (``"rnn/"`` for
+            ``rnn/relational_memory/linear/w``), as :func:`dump_variables` takes it.
 
     Raises:
         ValueError: listing every missing, unexpected or wrongly shaped variable; nothing is
@@ -123,7 +145,7 @@ def load_variables(
     """
     given: dict[str, np.ndarray] = {}
     for raw_name, value in variables.items():
-        name = _normalise_name(raw_name)
+        name = _normalise_name(raw_name, scope)
         if name.endswith(("/Adam", "/Adam_1")):
             continue
         if name in given:
@@ -146,11 +168,15 @@ def load_variables(
     if problems:
         raise ValueError(
             "Sonnet variables do not match this RelationalMemory configuration "
-            f"({_as_cell(module).extra_repr()}):\n  " + "\n  ".join(problems)
+            f"({_as_cell(module).extra_repr()}):\n  "
+            + "\n  ".join(problems)
+            + _scope_hint(given, expected)
         )
+    # Every array converted before the first parameter is written: float64 in native byte
+    # order holds any float array's values (float16/32/64 exactly) and copies into any dtype.
+    values = [torch.from_numpy(np.asarray(given[name], dtype=np.float64)) for name, _, _ in layout]
     with torch.no_grad():
-        for name, param, transpose in layout:
-            value: Tensor = torch.from_numpy(np.ascontiguousarray(given[name]))
+        for (_, param, transpose), value in zip(layout, values, strict=True):
             param.copy_(value.T if transpose else value)
 
 
@@ -164,10 +190,13 @@ def dump_variables(
         scope: prefix for every name, e.g. ``"relational_memory/"``; empty by default.
 
     Returns:
-        Sonnet name → NumPy array in the parameters' dtype, in Sonnet's creation order.
+        Sonnet name → NumPy array in the parameters' dtype (bfloat16, which NumPy lacks, as
+        float32), in Sonnet's creation order.
     """
     out: dict[str, np.ndarray] = {}
     for name, param, transpose in sonnet_layout(module):
         value = param.detach().cpu()
+        if value.dtype == torch.bfloat16:
+            value = value.float()
         out[scope + name] = np.ascontiguousarray((value.T if transpose else value).numpy())
     return out

@@ -463,6 +463,27 @@ def test_top_k_and_top_p_filters() -> None:
     assert torch.isfinite(filter_top_p(logits, 0.1)).tolist() == [[True, False, False, False]]
 
 
+def test_top_p_one_keeps_every_token_of_a_large_vocabulary() -> None:
+    """A float32 running sum reached 1 early: p = 1 dropped 1,496 of 33,278 tokens."""
+    logits = torch.randn(2, 33278, generator=torch.Generator().manual_seed(0)) * 4
+    assert torch.isfinite(filter_top_p(logits, 1.0)).all()
+    assert torch.isfinite(filter_top_p(logits, 0.999999)).sum() > 30000
+
+
+def test_a_tiny_temperature_samples_the_most_likely_token(sample: Path) -> None:
+    config = small_config(sample)
+    task = LanguageModel(config.task)
+    net = build_model(config, task)
+    prompt = task.corpus.encode("The lamps")
+    greedy = generate(net, prompt, 5, temperature=0)
+    # every score / 1e-45 was -inf in float32, and softmax gave NaN
+    tiny = generate(net, prompt, 5, temperature=1e-45, generator=torch.Generator())
+    assert torch.equal(tiny, greedy)
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+            generate(net, prompt, 1, temperature=bad)
+
+
 def test_batch_fields_are_token_ids(sample: Path) -> None:
     task = LanguageModel(small_config(sample).task)
     batch = task.sample(4, torch.Generator(), 0)

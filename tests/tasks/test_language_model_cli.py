@@ -121,7 +121,9 @@ def test_generate_and_resume_errors(tmp_path: Path, capsys) -> None:
     assert cli.main(["generate", run_dir, "--top-k", "3", "--top-p", "0.5"]) == 2
     assert "--top-k and --top-p exclude each other" in capsys.readouterr().err
     assert cli.main(["generate", run_dir, "--temperature", "-1"]) == 2
-    assert "--temperature must be >= 0" in capsys.readouterr().err
+    assert "--temperature must be a finite number >= 0" in capsys.readouterr().err
+    assert cli.main(["generate", run_dir, "--temperature", "inf"]) == 2
+    assert "--temperature must be a finite number >= 0" in capsys.readouterr().err
     best = str(ckpt_io.best_checkpoint(Path(run_dir)))
     assert cli.main(["train", "lm", "--resume", best, "--steps", "6"]) == 2
     assert "holds weights only" in capsys.readouterr().err

@@ -8,6 +8,7 @@ likely tokens or the nucleus of probability ``--top-p``; ``--seed`` makes it rep
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,8 +52,8 @@ class GenerateArgs:
     def __post_init__(self) -> None:
         if self.tokens < 1:
             raise ValueError(f"--tokens must be >= 1, got {self.tokens}")
-        if not self.temperature >= 0:
-            raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError(f"--temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k is not None and self.top_p is not None:
             raise ValueError("--top-k and --top-p exclude each other; give one")
         if self.top_k is not None and self.top_k < 1:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -19,9 +21,12 @@ def filter_top_k(logits: Tensor, k: int) -> Tensor:
 
 def filter_top_p(logits: Tensor, p: float) -> Tensor:
     """``logits [..., V]`` keeping the smallest set of most likely tokens whose probability
-    reaches ``p`` (nucleus sampling); the rest set to ``-inf``."""
+    reaches ``p`` (nucleus sampling); the rest set to ``-inf``. ``p >= 1`` keeps every token."""
+    if p >= 1:  # a float32 running sum can reach 1 before its last token
+        return logits
     ordered, order = logits.sort(dim=-1, descending=True)
-    before = ordered.softmax(-1).cumsum(-1) - ordered.softmax(-1)  # mass above each token
+    probs = ordered.double().softmax(-1)
+    before = probs.cumsum(-1) - probs  # mass above each token
     drop = before >= p  # the most likely token always stays
     return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
 
@@ -53,6 +58,8 @@ def generate(
     """
     if prompt.dim() != 1 or prompt.numel() < 1:
         raise ValueError(f"prompt must be a non-empty 1-D tensor of ids, got {tuple(prompt.shape)}")
+    if not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -63,7 +70,9 @@ def generate(
         if temperature == 0:
             next_id = scores.argmax(-1, keepdim=True)  # [1, 1]
         else:
-            scores = scores / temperature
+            # the best score at 0 first: a tiny temperature then sends the others to -inf
+            # (not every score, which left softmax nothing but NaN)
+            scores = (scores - scores.max(-1, keepdim=True).values) / temperature
             if top_k is not None:
                 scores = filter_top_k(scores, top_k)
             if top_p is not None:
