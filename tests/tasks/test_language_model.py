@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from lm_sample import SPLITS, TEST, TRAIN, VALID, expected_tokens, write_sample
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from relmem.models.language_model import AdaptiveLogits, LMOptions, LMSoftmax, token_nll
@@ -127,6 +128,33 @@ def test_cache_is_used_without_pickle_and_rebuilt_when_a_file_changes(
     changed = load_corpus(sample)
     assert changed.valid.numel() == first.valid.numel() + 6
     assert "deep" in changed.vocab
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["manifest a list", "manifest without sha1", "vocabulary cut short", "2-D stream"],
+)
+def test_an_inconsistent_cache_is_rebuilt(sample: Path, damage: str) -> None:
+    """Each of these was taken as valid: an AttributeError, a KeyError, or an IndexError deep
+    in the embedding once training started."""
+    first = load_corpus(sample)
+    cache = sample / corpus_module.CACHE_DIR / "word"
+    manifest = json.loads((cache / "manifest.json").read_text())
+    if damage == "manifest a list":
+        (cache / "manifest.json").write_text("[]")
+    elif damage == "manifest without sha1":
+        del manifest["sha1"]
+        (cache / "manifest.json").write_text(json.dumps(manifest))
+    elif damage == "vocabulary cut short":
+        (cache / "vocab.json").write_text(json.dumps(first.vocab[:10]))
+    else:
+        streams = load_file(str(cache / "ids.safetensors"))
+        streams["train"] = streams["train"][:-1].view(-1, 1)
+        save_file(streams, str(cache / "ids.safetensors"))
+    again = load_corpus(sample)
+    assert again.vocab == first.vocab
+    for split in corpus_module.SPLITS:
+        assert torch.equal(again.split(split), first.split(split))
 
 
 # --- errors ----------------------------------------------------------------------------------

@@ -199,17 +199,33 @@ def _fingerprint(files: dict[str, Path]) -> dict[str, dict[str, int | str]]:
 
 
 def _load_cache(folder: Path, prints: dict) -> tuple[list[str], dict[str, Tensor], dict] | None:
-    """The cached vocabulary, streams and manifest, or None if absent, stale or unreadable."""
+    """The cached vocabulary, streams and manifest, or None if absent, stale, unreadable or
+    inconsistent (then the corpus is tokenised again): a manifest with the files' fingerprints
+    and SHA-1s, a vocabulary of strings, and three 1-D int64 streams of ids within it."""
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
-        if manifest.get("format") != CACHE_FORMAT or manifest.get("files") != prints:
+        if not isinstance(manifest, dict) or manifest.get("format") != CACHE_FORMAT:
+            return None
+        sha1s = manifest.get("sha1")
+        if (
+            manifest.get("files") != prints
+            or not isinstance(sha1s, dict)
+            or set(sha1s) != set(SPLITS)
+        ):
             return None
         vocab = json.loads((folder / "vocab.json").read_text())
         streams = load_file(str(folder / "ids.safetensors"))
     except (OSError, ValueError, SafetensorError):
         return None
-    if not isinstance(vocab, list) or set(streams) != set(SPLITS):
+    if not isinstance(vocab, list) or not all(isinstance(token, str) for token in vocab):
         return None
+    if set(streams) != set(SPLITS):
+        return None
+    for ids in streams.values():
+        if ids.dim() != 1 or ids.dtype != torch.int64 or not ids.numel():
+            return None
+        if int(ids.min()) < 0 or int(ids.max()) >= len(vocab):
+            return None
     return vocab, streams, manifest
 
 
