@@ -75,6 +75,9 @@ def test_train_eval_generate(model: str, tmp_path: Path, capsys, device: torch.d
     assert summary["best_held_out_perplexity"] <= summary["held_out_perplexity"]
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any("train/perplexity" in r and "perf/tokens_per_s" in r for r in lines)
+    # no best-batch figure: a corpus has no fresh batches (it scored a training window)
+    assert not any("eval/batch_perplexity" in r for r in lines)
+    assert summary["best_batch_perplexity"] is None
     best = ckpt_io.best_checkpoint(run_dir)
     assert best is not None
 

@@ -183,6 +183,11 @@ class GameTask:
         self._impala: tuple[nn.Module, int, int] | None = None  # IMPALA's, until collection
         self.resumes = 0  # how many resumes led to this run segment (IMPALA's level streams)
 
+    def data_identity(self) -> dict[str, Any]:
+        """Nothing beyond the config, whose seeds generate every level
+        (:meth:`relmem.tasks.base.Task.data_identity`)."""
+        return {}
+
     def agent(self, model: str, core_config: Any) -> nn.Module:
         """A new agent with ``model``'s core (``rmc``, ``lstm``, ``convlstm``) and the task's
         ``agent`` settings (``--task.agent.*``)."""

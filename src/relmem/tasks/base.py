@@ -219,12 +219,17 @@ class Task(ABC):
             one (``train/{name}``, ``eval/{name}``, ``held_out_{name}``).
         keep_best: keep a copy of the weights with the best held-out metric
             (``checkpoints/best``), which ``relmem eval`` and ``relmem generate`` then use.
+        fresh_batches: :meth:`sample_evaluation` draws batches the model has not trained on,
+            so that each evaluation also scores one (``eval/batch_{metric}`` and the best of
+            them, the paper's figure for Nth Farthest). False for a task whose batches are its
+            training data in order (a corpus's windows): no such figure is made.
     """
 
     spec: TaskSpec
     metric: MetricSpec
     stateful: bool = False
     keep_best: bool = False
+    fresh_batches: bool = True
     group_name: str = "group"
     num_groups: int = 0
     extra_metrics: tuple[MetricSpec, ...] = ()

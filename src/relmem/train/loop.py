@@ -6,7 +6,8 @@ and writes the summary:
 
 - metrics go to ``metrics.jsonl`` (and TensorBoard): ``train/loss``, ``train/{metric}``,
   ``train/lr``, ``perf/sequences_per_s``, ``eval/{metric}``, ``eval/loss``,
-  ``eval/batch_{metric}``, ``eval/best_batch_{metric}``, ``eval/{metric}_group_{g}``,
+  ``eval/batch_{metric}`` and ``eval/best_batch_{metric}`` (a task with fresh batches),
+  ``eval/{metric}_group_{g}``,
   ``time_s``; a time limit that stops the run off the ``eval_every`` grid logs one more
   evaluation, marked ``stop``, which a resume replaces by the uninterrupted run's records;
 - checkpoints are atomic (:mod:`relmem.train.checkpoint`); a resumed CPU run ends bit-identical

@@ -506,24 +506,24 @@ class Trainer:
         """
         m, config = self.metric.name, self.config
         result = evaluate(self.model, self.task, self.held_out, info=self.info, bf16=config.bf16)
-        fresh = self.sample(STREAM_EVAL_BATCH, config.eval_batch)
-        batch_value = evaluate(self.model, self.task, fresh, info=self.info, bf16=config.bf16)[m]
-        best = self.progress.best_batch
-        if self.metric.improves(batch_value, best):
-            best = batch_value
-        if on_grid:
-            self.progress.best_batch = best
-        self.keep_if_best(result[m])
-        if on_grid and config.optim.schedule == "plateau":
-            self.plateau(result["loss"])
         metrics = {
             f"eval/{m}": result[m],
             "eval/loss": result["loss"],
             **{f"eval/{x.name}": result[x.name] for x in self.task.extra_metrics},
-            f"eval/batch_{m}": batch_value,
-            f"eval/best_batch_{m}": best,
-            **{f"eval/{m}_group_{g}": v for g, v in result["groups"].items()},
         }
+        if self.task.fresh_batches:
+            fresh = self.sample(STREAM_EVAL_BATCH, config.eval_batch)
+            batch_value = evaluate(self.model, self.task, fresh, info=self.info, bf16=config.bf16)
+            best = self.progress.best_batch
+            if self.metric.improves(batch_value[m], best):
+                best = batch_value[m]
+            if on_grid:
+                self.progress.best_batch = best
+            metrics |= {f"eval/batch_{m}": batch_value[m], f"eval/best_batch_{m}": best}
+        metrics |= {f"eval/{m}_group_{g}": v for g, v in result["groups"].items()}
+        self.keep_if_best(result[m])
+        if on_grid and config.optim.schedule == "plateau":
+            self.plateau(result["loss"])
         if on_grid:
             return metrics | self.task.after_evaluation(metrics)
         state = copy.deepcopy(self.task.state_dict())

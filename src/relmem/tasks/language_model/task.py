@@ -117,6 +117,7 @@ class LanguageModel(Task):
     metric = PERPLEXITY
     stateful = True
     keep_best = True
+    fresh_batches = False  # a window is training data, walked from a zero state
 
     def __init__(self, config: LanguageModelConfig, corpus: Corpus | None = None) -> None:
         self.config = config
