@@ -17,7 +17,7 @@ from torchrl.objectives.value import GAE
 
 from relmem.rl import keys
 from relmem.rl.agent import INTERMEDIATE_KEYS
-from relmem.rl.learners import LOSS_TERMS, total_loss, write_values
+from relmem.rl.learners import LOSS_TERMS, total_loss, write_values, write_vtrace_targets
 
 
 def second_batch(model: str, truncate: bool):
@@ -128,3 +128,39 @@ def test_the_shared_pass_critic_needs_the_policy_pass() -> None:
     loss = A2CLoss(agent.policy, agent.loss_critic, critic_coeff=0.5)
     with set_recurrent_mode(True), pytest.raises(KeyError, match="A2CLoss does not"):
         loss(data.exclude(*INTERMEDIATE_KEYS))
+
+
+def vtrace_on_policy_reference(data: TensorDict, gamma: float) -> tuple[torch.Tensor, ...]:
+    """V-trace with every importance weight 1 (on policy, rho-bar = c-bar = 1), by its
+    recursion: ``v_t = V_t + δ_t + γ (1 - done_t) (v_{t+1} - V_{t+1})``, ``δ_t = r_t +
+    γ (1 - terminated_t) V'_t - V_t``; the policy's advantage ``r_t + γ (1 - terminated_t)
+    v'_{t+1} - V_t`` with ``v'_{t+1}`` the bootstrap ``V'_t`` where step t ends an episode or
+    the batch. Float64, ``[B, T, 1]`` each."""
+    value = data[keys.STATE_VALUE].double()
+    bootstrap = data["next", keys.STATE_VALUE].double()
+    reward = data["next", keys.REWARD].double()
+    done = data["next", keys.DONE].double()
+    keep = 1 - data["next", keys.TERMINATED].double()
+    targets = torch.zeros_like(value)
+    later = torch.zeros_like(value[:, 0])  # v_{t+1} - V_{t+1}, zero past the batch
+    for t in reversed(range(value.shape[1])):
+        delta = reward[:, t] + gamma * keep[:, t] * bootstrap[:, t] - value[:, t]
+        later = delta + gamma * (1 - done[:, t]) * later
+        targets[:, t] = value[:, t] + later
+    following = torch.cat([targets[:, 1:], bootstrap[:, -1:]], dim=1)
+    following = torch.where(done.bool(), bootstrap, following)
+    advantage = reward + gamma * keep * following - value
+    return targets, advantage
+
+
+@pytest.mark.parametrize("truncate", [False, True], ids=["terminated", "truncated"])
+@pytest.mark.parametrize("model", sorted(TINY))
+def test_vtrace_on_policy_is_the_plain_return(model: str, truncate: bool) -> None:
+    """The importance weights are those of the actions taken: on the collecting policy every
+    one is 1. TorchRL's VTrace module scored a freshly sampled action instead (71% of the
+    weights differed from 1, advantages off by up to 0.7)."""
+    agent, data = second_batch(model, truncate)
+    write_vtrace_targets(agent, data, gamma=0.9)
+    targets, advantage = vtrace_on_policy_reference(data, gamma=0.9)
+    torch.testing.assert_close(data["value_target"].double(), targets, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(data["advantage"].double(), advantage, rtol=1e-5, atol=1e-5)

@@ -13,8 +13,10 @@ episode's end, and reads the per-step states a sequence call does not keep).
 - :class:`PPOUpdate`: ``GAE`` advantages on the collected batch,
   then ``epochs`` passes of ``ClipPPOLoss`` over ``minibatches`` groups of whole trajectories,
   cut short by ``target_kl`` when the policy has moved too far from the collecting one.
-- :class:`VTraceUpdate`: ``VTrace`` targets (rho-bar = c-bar = 1) and one ``A2CLoss`` step,
-  as TorchRL's ``sota-implementations/impala`` does.
+- :class:`VTraceUpdate`: V-trace targets (rho-bar = c-bar = 1, TorchRL's
+  ``vtrace_advantage_estimate`` with the importance weights of the actions taken,
+  :func:`write_vtrace_targets`) and one ``A2CLoss`` step, as TorchRL's
+  ``sota-implementations/impala`` does.
 
 PPO's critic is ``agent.loss_critic``, the value head on the hidden layer of the policy's own
 pass (:class:`~relmem.rl.agent.ValueOfPolicyPass`): one pass of the encoder and the core per
@@ -41,7 +43,8 @@ from tensordict import TensorDictBase
 from torch import Tensor, nn
 from torchrl.modules import set_recurrent_mode
 from torchrl.objectives import A2CLoss, ClipPPOLoss
-from torchrl.objectives.value import GAE, VTrace
+from torchrl.objectives.value import GAE
+from torchrl.objectives.value.functional import vtrace_advantage_estimate
 
 from relmem.rl import keys
 from relmem.rl.agent import INTERMEDIATE_KEYS
@@ -197,24 +200,55 @@ class VTraceUpdate:
             loss_critic_type="l2",
         )
         self.agent = agent
-        self.advantage = VTrace(
-            gamma=config.gamma,
-            actor_network=agent.policy,
-            value_network=None,
-            rho_thresh=1.0,
-            c_thresh=1.0,
-        )
+        self.gamma = config.gamma
 
     def __call__(self, batch: TensorDictBase, apply: Apply) -> dict[str, float]:
         """One update on ``batch [B, T]``; its loss terms and statistics."""
         means = Means("impala")
         with set_recurrent_mode(True):
             with torch.no_grad():
-                write_values(self.agent, batch)
-                self.advantage(batch)
+                write_vtrace_targets(self.agent, batch, self.gamma)
             terms = self.loss(batch)
             means.add(terms, apply(total_loss(terms)))
         return means.means()
+
+
+def write_vtrace_targets(agent: nn.Module, batch: TensorDictBase, gamma: float) -> None:
+    """Write V-trace's ``advantage`` and ``value_target`` (``[B, T, 1]``, rho-bar = c-bar = 1)
+    into ``batch``, with :func:`write_values`' values.
+
+    The importance weights are ``π(a_t | x_t) / μ(a_t | x_t)`` of the actions taken:
+    ``log μ`` is the collected ``action_log_prob``, ``log π`` the current policy's recurrent
+    pass over the batch. (TorchRL 0.14's ``VTrace`` module scores a freshly sampled action
+    under a policy whose interaction type is random, the ProbabilisticActor's default, so that
+    its weights were not 1 even on policy.)
+
+    Args:
+        agent: has ``policy`` (a ``ProbabilisticActor``), ``value`` and ``state_keys``.
+        batch: collected ``[B, T]``; updated in place.
+        gamma: the discount.
+    """
+    write_values(agent, batch)
+    value = batch.get(keys.STATE_VALUE)  # [B, T, 1]
+    with set_recurrent_mode(True):
+        dist = agent.policy.get_dist(batch.exclude(*INTERMEDIATE_KEYS))
+    log_pi = dist.log_prob(batch.get(keys.ACTION)).view_as(value)
+    log_mu = batch.get(keys.ACTION_LOG_PROB).view_as(value)
+    advantage, target = vtrace_advantage_estimate(
+        gamma,
+        log_pi,
+        log_mu,
+        value,
+        batch.get(("next", keys.STATE_VALUE)),
+        batch.get(("next", keys.REWARD)),
+        batch.get(("next", keys.DONE)),
+        batch.get(("next", keys.TERMINATED)),
+        rho_thresh=1.0,
+        c_thresh=1.0,
+        time_dim=-2,
+    )
+    batch.set("advantage", advantage)
+    batch.set("value_target", target)
 
 
 def make_update(agent: nn.Module, config: LearnerConfig) -> PPOUpdate | VTraceUpdate:
