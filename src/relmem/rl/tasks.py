@@ -9,6 +9,7 @@ need it), so listing tasks stays fast.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from relmem.models import LSTMModelConfig, RMCModelConfig
@@ -45,6 +46,9 @@ def build_minipacman(config: MiniPacmanConfig) -> Any:
     return _game_task("minipacman", config, solvable=False)
 
 
+PAPER_BATCH = 32  # trajectories per IMPALA batch (spec §3.2)
+
+
 def _paper(task: Any, steps: int) -> TrainConfig:
     # the IMPALA learner of spec §3.2: V-trace, unroll 40, gamma 0.99, entropy 0.005, value
     # weight 0.5; 8 collector processes; 1000 held-out episodes per evaluation
@@ -59,10 +63,19 @@ def _paper(task: Any, steps: int) -> TrainConfig:
         rmc=RMCModelConfig(mem_slots=4, head_size=64, num_heads=4, gate_style="memory"),
         lstm=LSTMModelConfig(hidden_size=256),
         # IMPALA's optimiser (spec §3.2): RMSProp, decay 0.99, epsilon 0.01, global-norm clip
-        # 40; the paper swept the rate over [1e-5, 2e-4]
-        optim=OptimConfig(optimizer="rmsprop", lr=2e-4, alpha=0.99, eps=0.01, grad_clip=40.0),
+        # 40; the paper swept the rate over [1e-5, 2e-4]. IMPALA sums its losses over a
+        # batch's B·T steps and TensorFlow adds epsilon inside the square root; with TorchRL's
+        # mean losses and PyTorch's epsilon outside it, the same update takes
+        # sqrt(0.01) / (B·T) (docs/rl.md §4.5; 0.01 itself made the steps about 40x too small)
+        optim=OptimConfig(
+            optimizer="rmsprop",
+            lr=2e-4,
+            alpha=0.99,
+            eps=math.sqrt(0.01) / (PAPER_BATCH * task.unroll),
+            grad_clip=40.0,
+        ),
         steps=steps,
-        batch_size=32,
+        batch_size=PAPER_BATCH,
         eval_every=2000,
         log_every=100,
         checkpoint_every=2000,
