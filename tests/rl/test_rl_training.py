@@ -165,6 +165,29 @@ def test_resume_is_exact(reach_task, tmp_path: Path) -> None:
     assert clean == again
 
 
+def test_every_minibatch_is_taken_when_the_batch_does_not_divide(reach_task, tmp_path: Path):
+    """6 trajectories in 4 minibatches: 2 epochs take 8 optimiser steps (it took 6: chunk()
+    made 3 groups of 2)."""
+    config = reach_config(tmp_path, steps=1, log_every=1, eval_every=1, batch_size=6)
+    config.task = replace(config.task, epochs=2, minibatches=4)
+    train = [r for r in records(run(config, "reach").run_dir) if "train/loss" in r]
+    assert [r["train/optimiser_steps"] for r in train] == [8.0]
+
+
+def test_a_resume_with_another_algorithm_is_refused_before_any_write(
+    reach_task, tmp_path: Path
+) -> None:
+    """PPO's checkpoint resumed as IMPALA failed on the training window's size after rewriting
+    config.json, so that a plain resume then failed too."""
+    part = run(reach_config(tmp_path, steps=2, log_every=1, eval_every=2), "reach")
+    before = (part.run_dir / "config.json").read_text()
+    config = reach_config(tmp_path, steps=4, resume=part.run_dir)
+    config.task = replace(config.task, algorithm="impala", collectors=1)
+    with pytest.raises(ValueError, match=r"such as --task.algorithm\) differs from the run's"):
+        run(config, "reach")
+    assert (part.run_dir / "config.json").read_text() == before
+
+
 def test_rmsprop(reach_task, tmp_path: Path) -> None:
     optim = OptimConfig(optimizer="rmsprop", lr=1e-3, alpha=0.99, eps=0.01, grad_clip=40.0)
     result = run(reach_config(tmp_path, steps=2, optim=optim), "reach")

@@ -171,7 +171,10 @@ class PPOUpdate:
                 write_values(self.agent, batch)
                 self.advantage(batch)
             fresh = batch.exclude(*INTERMEDIATE_KEYS)
-            parts = fresh.chunk(c.minibatches, dim=0)
+            # exactly `minibatches` groups of whole trajectories, their sizes differing by at
+            # most one (chunk() made fewer when the batch does not divide: 6 into 3, not 4)
+            size, extra = divmod(fresh.shape[0], c.minibatches)
+            parts = fresh.split([size + 1] * extra + [size] * (c.minibatches - extra), dim=0)
             for part in (part for _ in range(c.epochs) for part in parts):
                 terms = self.loss(part)
                 kl = float(kl_estimate(terms))

@@ -257,16 +257,24 @@ class Trainer:
         self.lock: RunLock | None = None  # rank 0's lock on the run directory
         # before anything is written: a held-out set the data cannot fill fails here
         self.held_out = self.task.held_out(device)
-        self.logger = (
-            self._open_logs(resumed=saved is not None, argv=argv) if info.is_main else None
-        )
         self.window = Totals(self.task, device)  # the training metrics since the last log line
         self.window_steps, self.window_start = 0, time.perf_counter()
         self.window_tokens = 0  # time steps x rows of the global batches since the last log line
         if saved is not None and "train_window" in saved and info.is_main:
             # the sums since the last log line, all ranks' together (on rank 0 alone: the next
             # all-reduce adds them once), so the first record after a resume covers every step
-            self.window.sums.copy_(saved["train_window"])
+            window = saved["train_window"]
+            if window.shape != self.window.sums.shape:
+                raise ValueError(
+                    f"{resume} holds sums of {window.shape[0]} training metrics, and this "
+                    f"configuration makes {self.window.sums.shape[0]}: an option that decides "
+                    "the metrics (such as --task.algorithm) differs from the run's; resume "
+                    "without it"
+                )
+            self.window.sums.copy_(window)
+        self.logger = (
+            self._open_logs(resumed=saved is not None, argv=argv) if info.is_main else None
+        )
 
     def check_size(self, max_parameters: int) -> None:
         """Refuse a model over ``max_parameters`` before anything is built or written.
