@@ -107,6 +107,8 @@ CASES: dict[str, Case] = {
     "rl-unknown-preset": Case(("train", "boxworld", "--preset", "fast"), ("fast", "cpu", "paper")),
     "rl-unknown-observation": Case(("train", "boxworld", "--task.observation", "pixels"), ("--task.observation",), boxed=True),
     "rl-unknown-algorithm": Case(("train", "boxworld", "--task.algorithm", "sac"), ("--task.algorithm",), boxed=True),
+    "rl-entropy-inf": Case(("train", "boxworld", "--task.entropy-coeff", "inf"), ("task.entropy_coeff", "finite"), boxed=True),
+    "rl-clip-epsilon-inf": Case(("train", "boxworld", "--task.clip-epsilon", "inf"), ("task.clip_epsilon", "finite"), boxed=True),
     "rl-unknown-pacman-task": Case(("train", "minipacman", "--task.task", "chase"), ("--task.task",), boxed=True),
     "rl-unroll-zero": Case(("train", "boxworld", "--task.unroll", "0"), ("task.unroll",), boxed=True),
     "rl-target-kl-negative": Case(("train", "boxworld", "--task.target-kl", "-0.01"), ("task.target_kl", "> 0"), boxed=True),

@@ -89,29 +89,39 @@ def check_float(
 
 
 def check_at_least(prefix: str, config: object, **minimums: float) -> None:
-    """Each named field of ``config`` is ``>= `` its minimum (None, an unset optional field,
-    passes; NaN does not).
+    """Each named field of ``config`` is a finite number ``>= `` its minimum (None, an unset
+    optional field, passes; NaN and infinities do not).
 
     Raises:
         ValueError: ``"{prefix}{field} must be >= {minimum}, got {value}"`` for the first one
-        that is not (``prefix`` is the option's path, such as ``'task.'``).
+        that is not (``prefix`` is the option's path, such as ``'task.'``), ``"... must be
+        finite, got inf"`` for an infinity.
     """
     for name, minimum in minimums.items():
         value = getattr(config, name)
         if value is not None and not value >= minimum:
             raise ValueError(f"{prefix}{name} must be >= {minimum}, got {value}")
+        _check_finite(prefix, name, value)
 
 
 def check_positive(prefix: str, config: object, *names: str) -> None:
-    """Each named field of ``config`` is ``> 0`` (None, an unset optional field, passes).
+    """Each named field of ``config`` is a finite number ``> 0`` (None, an unset optional
+    field, passes).
 
     Raises:
-        ValueError: ``"{prefix}{field} must be > 0, got {value}"`` for the first one that is not.
+        ValueError: ``"{prefix}{field} must be > 0, got {value}"`` for the first one that is
+        not, ``"... must be finite, got inf"`` for an infinity.
     """
     for name in names:
         value = getattr(config, name)
         if value is not None and not value > 0:
             raise ValueError(f"{prefix}{name} must be > 0, got {value}")
+        _check_finite(prefix, name, value)
+
+
+def _check_finite(prefix: str, name: str, value: Any) -> None:
+    if value is not None and math.isinf(value):
+        raise ValueError(f"{prefix}{name} must be finite, got {value}")
 
 
 def check_order(prefix: str, config: object, low: str, high: str) -> None:

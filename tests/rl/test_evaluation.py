@@ -81,3 +81,7 @@ def test_bad_arguments() -> None:
         evaluate("chess")
     with pytest.raises(ValueError, match="episodes"):
         evaluate(CounterEnv, episodes=0)
+    # numpy's and torch's own errors, before
+    for seed in (-1, 1.5):
+        with pytest.raises(ValueError, match=r"evaluate: seed must be an integer >= 0"):
+            evaluate(CounterEnv, episodes=2, seed=seed)

@@ -153,6 +153,7 @@ def evaluate(
     """
     episodes = int(check_int("episodes", episodes, owner="evaluate"))
     batch_size = int(check_int("batch_size", batch_size, owner="evaluate"))
+    seed = int(check_int("seed", seed, minimum=0, owner="evaluate"))
     check_bool("greedy", greedy, owner="evaluate")
     cls = game_class(game) if isinstance(game, str) else game
     random_actions = torch.Generator().manual_seed(seed)

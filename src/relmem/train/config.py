@@ -12,7 +12,6 @@ rejects unknown keys and wrong types.
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -73,10 +72,6 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         self.betas = (float(self.betas[0]), float(self.betas[1]))
-        for name in ("lr", "eps", "weight_decay", "min_lr", "grad_clip"):
-            value = getattr(self, name)
-            if value is not None and math.isinf(value):
-                raise ValueError(f"optim.{name} must be finite, got {value}")
         check_positive("optim.", self, "lr", "eps", "grad_clip")
         check_at_least("optim.", self, weight_decay=0, decay_steps=1, min_lr=0, warmup_steps=0)
         if not all(0.0 <= b < 1.0 for b in self.betas):
