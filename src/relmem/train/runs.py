@@ -201,15 +201,16 @@ def check_data_identity(run_dir: Path, task: Task) -> None:
         recorded = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(recorded, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(recorded).__name__}")
     now = task.data_identity()
     if recorded == now:
         return
-    keys = sorted(set(recorded) | set(now)) if isinstance(recorded, dict) else sorted(now)
     differences = [
-        f"{key}: {json.dumps(recorded.get(key) if isinstance(recorded, dict) else recorded)} "
-        f"when the run started, {json.dumps(now.get(key))} now"
-        for key in keys
-        if not isinstance(recorded, dict) or recorded.get(key) != now.get(key)
+        f"{key}: {json.dumps(recorded.get(key))} when the run started, "
+        f"{json.dumps(now.get(key))} now"
+        for key in sorted(set(recorded) | set(now))
+        if recorded.get(key) != now.get(key)
     ]
     raise ValueError(
         f"the data differs from what {run_dir} trained on ({path}): "
