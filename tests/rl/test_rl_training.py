@@ -212,10 +212,21 @@ def test_eval_plot_and_play_commands(reach_task, tmp_path: Path, capsys) -> None
     assert play.main([str(result.run_dir), "--episodes", "2", "--out", str(gif)]) == 0
     assert gif.read_bytes()[:3] == b"GIF"
     capsys.readouterr()
-    assert evaluate.main([str(result.run_dir), "--episodes", "0"]) == 2
-    assert "--episodes must be >= 1" in capsys.readouterr().err
+    assert evaluate.main([str(result.run_dir), "--episodes", "1"]) == 2
+    assert "--episodes must be >= 2 (a standard error needs two)" in capsys.readouterr().err
     assert play.main([str(result.run_dir), "--out", str(tmp_path / "x.txt")]) == 2
     assert "--out must end in .gif or .png" in capsys.readouterr().err
+    # refused before any episode is played (a 3 TiB frame, or a path found bad at the end)
+    (tmp_path / "folder.gif").mkdir()
+    for extra, message in (
+        (["--scale", "100000"], "--scale must lie in 1..64"),
+        (["--fps", "2000"], "--fps must lie in (0, 50]"),
+        (["--seed", "-1"], "--seed must lie in 0..2**63-1"),
+        (["--out", str(tmp_path / "folder.gif")], "is a directory"),
+        (["--out", str(gif / "x.gif")], "a parent of it is a file"),
+    ):
+        assert play.main([str(result.run_dir), *extra]) == 2, extra
+        assert message in capsys.readouterr().err, extra
 
 
 def test_best_validation_weights_are_kept_and_played(reach_task, tmp_path: Path, capsys) -> None:

@@ -120,8 +120,10 @@ def _evaluate_rl(args: EvalArgs) -> int:
     held-out levels."""
     from relmem.rl.runs import load_agent
 
-    if args.episodes < 1:
-        raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
+    if args.episodes < 2:
+        raise ValueError(
+            f"--episodes must be >= 2 (a standard error needs two), got {args.episodes}"
+        )
     device = resolve_device(args.device)
     config, task_name, task, agent, ckpt = load_agent(
         args.run_dir, args.checkpoint, device, args.max_parameters

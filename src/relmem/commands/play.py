@@ -9,6 +9,7 @@ tinted by the RMC's attention over the observed cells when the core is the RMC.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,9 @@ from relmem.commands.errors import describe_error
 from relmem.tasks.registry import get_task
 from relmem.train.checkpoint import CheckpointError
 from relmem.train.runs import MAX_PARAMETERS, load_run_config
+
+MAX_FPS = 50  # GIF delays are whole hundredths of a second: 2 is the shortest viewers keep
+MAX_SCALE = 64  # pixels per cell: a 19 x 15 Mini PacMan frame is then about 2,500 x 1,000
 
 
 @dataclass
@@ -35,8 +39,8 @@ class PlayArgs:
             without one, its latest.
         greedy: take the most probable action instead of sampling it.
         seed: the levels' seed (None: the run's test levels, ``task.eval_seed``).
-        fps: GIF frames per second.
-        scale: pixels per board cell.
+        fps: GIF frames per second, at most 50.
+        scale: pixels per board cell, 1 to 64.
         max_parameters: refuse to build a model larger than this.
     """
 
@@ -61,12 +65,20 @@ def main(argv: list[str]) -> int:
     try:
         if args.episodes < 1:
             raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
-        if not args.fps > 0:
-            raise ValueError(f"--fps must be > 0, got {args.fps}")
-        if args.scale < 1:
-            raise ValueError(f"--scale must be >= 1 pixel per cell, got {args.scale}")
+        if not 0 < args.fps <= MAX_FPS:
+            raise ValueError(
+                f"--fps must lie in (0, {MAX_FPS}] (a GIF's frame delay is a whole number of "
+                f"hundredths of a second, and viewers slow shorter ones), got {args.fps}"
+            )
+        if not 1 <= args.scale <= MAX_SCALE:
+            raise ValueError(
+                f"--scale must lie in 1..{MAX_SCALE} pixels per cell, got {args.scale}"
+            )
+        if args.seed is not None and not 0 <= args.seed < 2**63:
+            raise ValueError(f"--seed must lie in 0..2**63-1, got {args.seed}")
         if out.suffix.lower() not in (".gif", ".png"):
             raise ValueError(f"--out must end in .gif or .png, got {out}")
+        _check_writable(out)
         task_name, _ = load_run_config(args.run_dir)
         if get_task(task_name).trainer is None:
             raise ValueError(
@@ -102,6 +114,25 @@ def main(argv: list[str]) -> int:
         f"{len(frames)} frames; written {out}"
     )
     return 0
+
+
+def _check_writable(out: Path) -> None:
+    """Refuse an ``--out`` that cannot be written, before any episode is played (its folder is
+    made if missing).
+
+    Raises:
+        ValueError: ``out`` is a directory, its parent is not one or cannot be written.
+    """
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a directory; give a file name ending in .gif or .png")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ValueError(f"--out {out}: a parent of it is a file, not a directory") from None
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot make its folder ({exc.strerror or exc})") from None
+    if not os.access(out.parent, os.W_OK):
+        raise ValueError(f"--out {out}: its folder {out.parent} is not writable")
 
 
 def _error(message: str) -> int:

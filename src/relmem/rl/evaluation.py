@@ -33,7 +33,7 @@ from relmem.rl.envs.base import BatchedEnv
 from relmem.rl.envs.torchrl_env import TorchRLBatchedEnv, game_class
 from relmem.validation import check_bool, check_int
 
-__all__ = ["HELD_OUT_TAG", "Evaluation", "evaluate", "held_out_generators"]
+__all__ = ["HELD_OUT_TAG", "Evaluation", "evaluate", "held_out_level"]
 
 #: Mixed into every held-out seed, so held-out levels never share a stream with training's.
 HELD_OUT_TAG = 0x4E1D_0D7
@@ -46,7 +46,7 @@ class Evaluation:
     Attributes:
         episodes: how many episodes were played.
         mean_return, return_stderr: the mean undiscounted return and its standard error
-            (sample standard deviation / sqrt(episodes)).
+            (sample standard deviation / sqrt(episodes); NaN for one episode).
         mean_length: the mean episode length in steps.
         solve_rate, solve_stderr: the fraction of episodes whose core reports ``solved`` at the
             end (BoxWorld: the gem collected) and its standard error; None for games without
@@ -64,10 +64,12 @@ class Evaluation:
         return asdict(self)
 
 
-def held_out_generators(seed: int, start: int, count: int) -> list[np.random.Generator]:
-    """The generators of held-out episodes ``start .. start + count - 1`` of ``seed``."""
-    children = np.random.SeedSequence([HELD_OUT_TAG, seed]).spawn(start + count)[start:]
-    return [np.random.Generator(np.random.PCG64(child)) for child in children]
+def held_out_level(seed: int, index: int) -> np.random.Generator:
+    """The generator of held-out episode ``index`` of ``seed``: child ``index`` of
+    ``SeedSequence([HELD_OUT_TAG, seed])``, made directly (as ``spawn`` makes its children), so
+    that episode 10⁶ costs what episode 0 does."""
+    child = np.random.SeedSequence([HELD_OUT_TAG, seed], spawn_key=(index,))
+    return np.random.Generator(np.random.PCG64(child))
 
 
 def policy_device(policy: torch.nn.Module) -> torch.device:
@@ -79,23 +81,25 @@ def policy_device(policy: torch.nn.Module) -> torch.device:
 def _play(
     core: BatchedEnv,
     policy: TensorDictModuleBase | None,
-    levels: list[np.random.Generator],
+    seed: int,
+    episodes: int,
     generator: torch.Generator,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Play one episode per generator in ``levels`` (episode ``i`` on ``levels[i]``) on the
-    instances of ``core`` as a pool: ``(returns [E], lengths [E], solved [E] | None)``."""
+    """Play held-out episodes ``0 .. episodes - 1`` of ``seed`` (episode ``i`` on
+    :func:`held_out_level`) on the instances of ``core`` as a pool: ``(returns [E], lengths
+    [E], solved [E] | None)``."""
     env = TransformedEnv(TorchRLBatchedEnv(core), InitTracker(init_key=keys.IS_INIT))
     if policy is not None:
         primers = get_primers_from_module(policy, warn=False)
         if primers is not None:
             env.append_transform(primers)
-    B, E = core.batch_size, len(levels)
+    B, E = core.batch_size, episodes
     returns, lengths = np.zeros(E), np.zeros(E, dtype=np.int64)
     solved = np.zeros(E, dtype=bool) if "solved" in core.info() else None
     finished = np.zeros(E, dtype=bool)
     episode = np.arange(B)  # the episode each instance plays; -1: an uncounted one
     begun = B
-    core.generators = list(levels[:B])
+    core.generators = [held_out_level(seed, i) for i in range(B)]
     device = None if policy is None else policy_device(policy)
     td = env.reset()
     while not finished.all():
@@ -114,7 +118,7 @@ def _play(
         finished[episode[ended]] = True
         for b in np.flatnonzero(ended):  # restarted by the reset below, on the next level
             if begun < E:
-                episode[b], core.generators[b] = begun, levels[begun]
+                episode[b], core.generators[b] = begun, held_out_level(seed, begun)
                 begun += 1
             else:
                 episode[b] = -1
@@ -140,7 +144,7 @@ def evaluate(
             (``Agent.policy``; its primers are found in it and appended), or None for the
             uniform random policy.
         episodes: how many episodes (default 1000).
-        seed: picks the held-out set (:func:`held_out_generators`).
+        seed: picks the held-out set (:func:`held_out_level`).
         batch_size: instances stepped together (the pool's size). The default, 64, is
             about the fastest for both games on a 2-core CPU: a larger pool steps faster per
             episode-step but plays the longest episode's tail at its full width (1000 Mini
@@ -160,9 +164,9 @@ def evaluate(
     exploration = ExplorationType.DETERMINISTIC if greedy else ExplorationType.RANDOM
     with torch.no_grad(), set_exploration_type(exploration):
         core = cls(batch_size=min(batch_size, episodes), seed=seed, **options)
-        levels = held_out_generators(seed, 0, episodes)
-        returns, lengths, solved = _play(core, policy, levels, random_actions)
-    stderr = float(returns.std(ddof=1) / math.sqrt(episodes)) if episodes > 1 else 0.0
+        returns, lengths, solved = _play(core, policy, seed, episodes, random_actions)
+    # one episode has no spread to measure: NaN, not a standard error of 0
+    stderr = float(returns.std(ddof=1) / math.sqrt(episodes)) if episodes > 1 else math.nan
     solve_rate = solve_stderr = None
     if solved is not None:
         solve_rate = float(solved.mean())

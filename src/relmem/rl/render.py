@@ -6,7 +6,11 @@ observation's first three channels, or its first as grey: the viewport, or the f
 Where the agent's core is the RMC, the observation panel is tinted by the attention the memory
 pays to each cell in the step that reads it: the last block's softmax weights from the N
 memory rows (queries) to the cell's input row (key), averaged over heads and memory rows, and
-scaled so that the most attended cell of the frame has full tint.
+scaled so that the most attended cell of the frame has the strongest tint (70% of the colour);
+each frame is scaled by its own maximum, so a frame of nearly even attention is tinted nearly
+evenly. A cell's input row is what the encoder's two 2x2 convolutions (padded after, as
+TensorFlow's 'same') made of the 3x3 block of cells starting at it: the tint at a cell is
+attention to the content at and below-right of it.
 
 Episodes come from the held-out set of :mod:`relmem.rl.evaluation` (episode ``i`` of seed
 ``s`` is the same level there and here).
@@ -28,7 +32,7 @@ from relmem.rl import keys
 from relmem.rl.agent import EMBEDDING, Agent
 from relmem.rl.envs.base import BatchedEnv
 from relmem.rl.envs.torchrl_env import TorchRLBatchedEnv, game_class
-from relmem.rl.evaluation import held_out_generators, policy_device
+from relmem.rl.evaluation import held_out_level, policy_device
 from relmem.validation import check_choice, check_int
 
 __all__ = ["render_episodes", "rmc_attention", "write_frames"]
@@ -126,6 +130,7 @@ def render_episodes(
     """
     episodes = int(check_int("episodes", episodes, owner="render_episodes"))
     scale = int(check_int("scale", scale, owner="render_episodes"))
+    seed = int(check_int("seed", seed, minimum=0, owner="render_episodes"))
     cls = game_class(game) if isinstance(game, str) else game
     generator = torch.Generator().manual_seed(seed)
     exploration = ExplorationType.DETERMINISTIC if greedy else ExplorationType.RANDOM
@@ -133,7 +138,7 @@ def render_episodes(
     with torch.no_grad(), set_exploration_type(exploration):
         for index in range(episodes):
             core = cls(batch_size=1, seed=seed, **options)
-            core.generators = held_out_generators(seed, index, 1)
+            core.generators = [held_out_level(seed, index)]
             frames += _episode(core, agent, generator)
     return [frame.repeat(scale, axis=0).repeat(scale, axis=1) for frame in frames]
 
