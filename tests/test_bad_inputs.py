@@ -100,6 +100,7 @@ CASES: dict[str, Case] = {
     "out-dir-is-a-file": Case((*TRAIN, "--out-dir", "{file}"), ("{file}",)),
     "out-dir-under-a-file": Case((*TRAIN, "--out-dir", "{file}/runs"), ("{file}",)),
     "model-too-big": Case((*TRAIN, "--model", "lstm", "--lstm.hidden-size", "20000"), ("parameters", "--max-parameters")),
+    "model-sizes-overflow": Case((*TRAIN, "--rmc.mem-slots", str(10**18)), ("too large to build",)),
     "time-limit-zero": Case((*TRAIN, "--time-limit-min", "0"), ("time_limit_min",), boxed=True),
     "lr-not-a-number": Case((*TRAIN, "--optim.lr", "fast"), ("--optim.lr",), boxed=True),
     "unknown-flag": Case((*TRAIN, "--no-such-flag", "1"), ("--no-such-flag",), boxed=True),

@@ -7,6 +7,7 @@ table below is the only place that knows them all, so the CLI stays a table of c
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -51,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C while starting, or a second one while training
         print(f"\nrelmem {name}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (relmem eval RUN | head -1): say nothing
+        # Python would complain again while flushing stdout at exit: point it at devnull
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a process the signal ended
 
 
 if __name__ == "__main__":

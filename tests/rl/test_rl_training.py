@@ -386,3 +386,13 @@ def test_impala_collector_processes_run_the_fused_rmc(reach_task, tmp_path: Path
     config.optim = OptimConfig(optimizer="rmsprop", lr=1e-3, eps=0.01, grad_clip=40.0)
     result = run(config, "reach")
     assert result.status == "completed" and result.summary["steps"] == 2
+
+
+def test_eval_refuses_test_size_for_an_rl_run(reach_task, tmp_path: Path, capsys) -> None:
+    """--test-size was accepted and ignored (an RL run plays --episodes)."""
+    from relmem.commands import evaluate
+
+    result = run(reach_config(tmp_path, steps=2, eval_every=2), "reach")
+    capsys.readouterr()
+    assert evaluate.main([str(result.run_dir), "--test-size", "5"]) == 2
+    assert "an RL run plays --episodes" in capsys.readouterr().err

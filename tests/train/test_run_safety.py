@@ -275,3 +275,143 @@ def test_resume_and_eval_take_latest_and_name_other_files(run_dir: Path, capsys)
     notes.write_text("")
     assert cli.main(["train", "nth-farthest", "--resume", str(notes)]) == 2
     assert f"{notes} is a file; pass a run directory" in capsys.readouterr().err
+
+
+# --- links, races, large steps, full disks (an audit's reproductions) --------------------------
+
+
+@pytest.mark.parametrize("name", [".lock", "metrics.jsonl"])
+def test_a_run_file_that_is_a_link_is_refused_not_written_through(
+    run_dir: Path, tmp_path: Path, name: str, capsys
+) -> None:
+    """A resume wrote its pid into the file a .lock link named, and cut and appended to the
+    file a metrics.jsonl link named."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    path = run_dir / name
+    path.unlink(missing_ok=True)
+    path.symlink_to(victim)
+    assert cli.main(["train", "nth-farthest", "--resume", str(run_dir), "--steps", "25"]) == 2
+    assert "is a symbolic link" in capsys.readouterr().err
+    assert victim.read_text() == "precious\n"
+
+
+def test_checkpoints_through_links_are_not_the_run_s(run_dir: Path, tmp_path: Path, capsys):
+    """A checkpoints/ linked to another run's let a resume prune and overwrite that run's
+    checkpoints; a linked step directory was evaluated as the run's own."""
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other)
+    checkpoints = run_dir / ckpt_io.CHECKPOINT_DIR
+    shutil.rmtree(checkpoints)
+    checkpoints.symlink_to(other / ckpt_io.CHECKPOINT_DIR)
+    assert cli.main(["train", "nth-farthest", "--resume", str(run_dir), "--steps", "40"]) == 2
+    assert "is a symbolic link" in capsys.readouterr().err
+    assert sorted(p.name for p in ckpt_io.list_checkpoints(other)) == [
+        "step-00000010",
+        "step-00000020",
+    ]
+    assert ckpt_io.list_checkpoints(run_dir) == []
+    checkpoints.unlink()
+    checkpoints.mkdir()
+    (checkpoints / "step-00000099").symlink_to(other / ckpt_io.CHECKPOINT_DIR / "step-00000020")
+    assert ckpt_io.list_checkpoints(run_dir) == []
+    with pytest.raises(ckpt_io.CheckpointError, match="is a symbolic link"):
+        ckpt_io.resolve_checkpoint(checkpoints / "step-00000099")
+
+
+def test_checkpoints_past_eight_digits_keep_their_order(tmp_path: Path) -> None:
+    """step-100000000 sorted before step-99999995 by name: pruning deleted the checkpoint just
+    written and latest named a missing directory."""
+    root = tmp_path / ckpt_io.CHECKPOINT_DIR
+    for step in (99_999_990, 99_999_995, 100_000_000):
+        (root / ckpt_io.checkpoint_name(step)).mkdir(parents=True)
+    names = [p.name for p in ckpt_io.list_checkpoints(tmp_path)]
+    assert names == ["step-99999990", "step-99999995", "step-100000000"]
+
+
+def test_a_new_run_of_a_taken_name_is_refused_under_the_lock(tmp_path: Path, tiny, monkeypatch):
+    """Two new runs of one name: the second passed the emptiness check, then (slow to set up)
+    started over in the directory the first had filled meanwhile, wiping its metrics."""
+    import relmem.train.trainer as trainer_module
+
+    real = trainer_module.new_run_dir
+
+    def first_run_fills_it(*args, **kwargs):
+        run_dir = real(*args, **kwargs)
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text('{"step": 5}\n')
+        return run_dir
+
+    monkeypatch.setattr(trainer_module, "new_run_dir", first_run_fills_it)
+    with pytest.raises(FileExistsError, match=r"not empty \(metrics.jsonl\)"):
+        run(tiny(), "nth-farthest")
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == '{"step": 5}\n'
+
+
+def test_a_resume_with_nothing_to_train_keeps_the_final_records(tmp_path: Path, tiny) -> None:
+    """A run that ended off its evaluation grid, resumed with the same --steps (as after a kill
+    between its last checkpoint and its summary), lost its final stop record."""
+    config = tiny(steps=23)
+    run(config, "nth-farthest")
+    path = tmp_path / "run" / "metrics.jsonl"
+    before = path.read_text()
+    assert json.loads(before.splitlines()[-1]).get("stop") == 1
+    result = run(tiny(steps=23, resume=tmp_path / "run"), "nth-farthest")
+    assert result.status == "completed"
+    assert path.read_text() == before
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_error_and_loses_nothing(
+    run_dir: Path, monkeypatch, capsys
+) -> None:
+    def full(*args, **kwargs):
+        raise RuntimeError("basic_ios::clear: iostream error")
+
+    monkeypatch.setattr(ckpt_io.torch, "save", full)
+    assert cli.main(["train", "nth-farthest", "--resume", str(run_dir), "--steps", "30"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write the checkpoint's train_state.pt" in err and "is the disk full" in err
+    checkpoints = run_dir / ckpt_io.CHECKPOINT_DIR
+    assert not list(checkpoints.glob(".*partial"))
+    assert ckpt_io.resolve_checkpoint(run_dir).name == "step-00000020"
+    ckpt_io.verify_checkpoint(ckpt_io.resolve_checkpoint(run_dir))
+
+
+def test_best_is_found_when_a_kill_struck_between_its_two_renames(tmp_path: Path) -> None:
+    """Replacing best deleted the old copy before the new one was in place: a kill there left
+    no best, and eval silently used latest."""
+    root = tmp_path / ckpt_io.CHECKPOINT_DIR
+    aside = root / ".best.previous"
+    aside.mkdir(parents=True)
+    (aside / ckpt_io.META_FILE).write_text("{}")
+    assert ckpt_io.best_checkpoint(tmp_path) == aside
+
+
+def test_a_training_state_that_is_not_plain_data_names_the_fallback(run_dir: Path) -> None:
+    """A hash-valid train_state.pt holding other objects repeated torch's advice to load it
+    with weights_only=False, and named no intact checkpoint."""
+    ckpt = run_dir / ckpt_io.CHECKPOINT_DIR / "step-00000020"
+    state = ckpt / ckpt_io.STATE_FILE
+    ckpt_io.torch.save({"format_version": 1, "payload": Path("x")}, state)
+    meta = json.loads((ckpt / ckpt_io.META_FILE).read_text())
+    meta["sha256"][ckpt_io.STATE_FILE] = ckpt_io._sha256(state)
+    (ckpt / ckpt_io.META_FILE).write_text(json.dumps(meta))
+    with pytest.raises(ckpt_io.CheckpointError) as info:
+        ckpt_io.load_train_state(ckpt)
+    assert "weights_only" not in str(info.value) and "not a relmem training state" in str(
+        info.value
+    )
+    assert info.value.fallback == run_dir / ckpt_io.CHECKPOINT_DIR / "step-00000010"
+
+
+def test_run_files_hold_strict_json(tmp_path: Path) -> None:
+    """eval.json and summary.json held NaN, which JSON has not (strict readers refuse it)."""
+    from relmem.train.runs import write_json
+
+    path = tmp_path / "eval.json"
+    write_json(path, {"loss": float("nan"), "groups": [float("inf"), 1.5], "step": 3})
+    assert json.loads(path.read_text(), parse_constant=pytest.fail) == {
+        "loss": None,
+        "groups": [None, 1.5],
+        "step": 3,
+    }

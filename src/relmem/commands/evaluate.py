@@ -16,6 +16,8 @@ with its standard error and the mean episode length of each.
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +31,7 @@ from relmem.tasks.registry import get_task
 from relmem.train.checkpoint import CheckpointError
 from relmem.train.distributed import resolve_device
 from relmem.train.evaluation import evaluate
-from relmem.train.runs import MAX_PARAMETERS, load_run_config, load_trained
+from relmem.train.runs import MAX_PARAMETERS, load_run_config, load_trained, write_json
 
 
 @dataclass
@@ -65,14 +67,14 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:  # tyro has printed help or a boxed error message
         return int(exc.code or 0)
     try:
-        if args.json_out is not None and not args.json_out.parent.is_dir():  # before the work
-            raise ValueError(f"--json-out {args.json_out}: {args.json_out.parent} is no directory")
+        _check_record_path(args)  # before the work
         if get_task(load_run_config(args.run_dir)[0]).trainer is not None:
             return _evaluate_rl(args)
         device = resolve_device(args.device)
         config, task_name, task, model, ckpt = load_trained(
             args.run_dir, args.checkpoint, device, args.max_parameters, prefer_best=True
         )
+        step = _step_of(ckpt)  # now: a running trainer may prune the checkpoint meanwhile
         if args.test_size is not None:
             if args.test_size < 1:
                 raise ValueError(f"--test-size must be >= 1, got {args.test_size}")
@@ -85,8 +87,13 @@ def main(argv: list[str]) -> int:
         breakdown = None if levels is None else evaluate(model, task, levels)
     except (ValueError, TypeError, KeyError, CheckpointError, OSError) as exc:
         return _error(describe_error(exc, "--checkpoint"))
-    step = json.loads((ckpt / "meta.json").read_text())["step"]
     metric = task.metric
+    if not math.isfinite(result["loss"]):
+        print(
+            "relmem eval: warning: the held-out loss is not finite: the weights or the outputs "
+            "hold NaN or infinities, and the figures below mean nothing",
+            file=sys.stderr,
+        )
     print(f"{task_name} / {config.model}, checkpoint {ckpt} (step {step})")
     # a stateful task's held-out set is a few long rows of one stream, walked in windows
     unit = "rows of the split" if task.stateful else "sequences"
@@ -120,6 +127,10 @@ def _evaluate_rl(args: EvalArgs) -> int:
     held-out levels."""
     from relmem.rl.runs import load_agent
 
+    if args.test_size is not None:
+        raise ValueError(
+            "--test-size sizes a supervised task's held-out set; an RL run plays --episodes"
+        )
     if args.episodes < 2:
         raise ValueError(
             f"--episodes must be >= 2 (a standard error needs two), got {args.episodes}"
@@ -128,12 +139,12 @@ def _evaluate_rl(args: EvalArgs) -> int:
     config, task_name, task, agent, ckpt = load_agent(
         args.run_dir, args.checkpoint, device, args.max_parameters
     )
+    step = _step_of(ckpt)
     seed = config.task.eval_seed
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         results = {"agent": task.evaluate(agent, args.episodes, seed)}
         results["random"] = task.evaluate(None, args.episodes, seed)
-    step = json.loads((ckpt / "meta.json").read_text())["step"]
     print(f"{task_name} / {config.model}, checkpoint {ckpt} (step {step})")
     print(f"{args.episodes} test episodes (levels seeded by {seed}):")
     for who, r in results.items():
@@ -151,7 +162,7 @@ def _write_record(
 ) -> int:
     """Write the evaluation's record (task, model, checkpoint, step, then ``fields``) as JSON
     to ``--json-out`` (default ``RUN_DIR/eval.json``); the command's exit status."""
-    out = args.json_out or Path(args.run_dir) / "eval.json"
+    out = _record_path(args)
     record = {
         "task": task_name,
         "model": model,
@@ -160,11 +171,50 @@ def _write_record(
         **fields,
     }
     try:
-        out.write_text(json.dumps(record, indent=2) + "\n")
+        write_json(out, record)  # atomic; NaN as null
     except OSError as exc:
         return _error(f"--json-out {out}: {exc.strerror or exc}")
     print(f"written {out}")
     return 0
+
+
+def _record_path(args: EvalArgs) -> Path:
+    """Where the record goes: ``--json-out``, else ``RUN_DIR/eval.json``."""
+    return args.json_out or Path(args.run_dir) / "eval.json"
+
+
+def _check_record_path(args: EvalArgs) -> None:
+    """Refuse a record path that cannot be written, before the evaluation runs.
+
+    Raises:
+        ValueError: its folder is missing or not writable (naming ``--json-out``).
+    """
+    out = _record_path(args)
+    if args.json_out is None and not out.parent.is_dir():
+        return  # no run directory: reading the run says so
+    if not out.parent.is_dir():
+        raise ValueError(f"--json-out {out}: {out.parent} is no directory")
+    if not os.access(out.parent, os.W_OK):
+        given = "" if args.json_out is not None else " (the run directory's eval.json)"
+        raise ValueError(
+            f"--json-out {out}{given}: {out.parent} is not writable; pass --json-out elsewhere"
+        )
+
+
+def _step_of(ckpt: Path) -> int:
+    """The step recorded in ``ckpt``'s ``meta.json``.
+
+    Raises:
+        CheckpointError: the file is gone (pruned by a running trainer) or has no step.
+    """
+    meta = ckpt / "meta.json"
+    try:
+        step = json.loads(meta.read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"cannot read the step of {ckpt} from {meta} ({exc})") from exc
+    if not isinstance(step, int):
+        raise CheckpointError(f"{meta}: step must be an integer, got {step!r}")
+    return step
 
 
 def _error(message: str) -> int:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -97,13 +98,24 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
+def checkpoint_step(path: Path) -> int:
+    """The step of a ``step-NNNNNNNN`` checkpoint directory."""
+    return int(path.name.split("-", 1)[1])
+
+
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete-looking checkpoint directories of ``run_dir``, oldest first."""
+    """Complete-looking checkpoint directories of ``run_dir``, oldest first (by step: past
+    ``step-99999999`` the names no longer sort). Symbolic links are not the run's own
+    checkpoints and are left out; so is a ``checkpoints/`` that is itself a link."""
     root = Path(run_dir) / CHECKPOINT_DIR
-    if not root.is_dir():
+    if not root.is_dir() or root.is_symlink():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-")]
-    return sorted(found, key=lambda p: p.name)
+    found = [
+        p
+        for p in root.iterdir()
+        if re.fullmatch(r"step-\d{8,}", p.name) and p.is_dir() and not p.is_symlink()
+    ]
+    return sorted(found, key=checkpoint_step)
 
 
 def save_checkpoint(
@@ -145,7 +157,7 @@ def set_aside_newer(run_dir: Path, step: int) -> Path | None:
         The folder they were moved to, or None when nothing was past ``step``.
     """
     root = Path(run_dir) / CHECKPOINT_DIR
-    newer = [p for p in list_checkpoints(run_dir) if int(p.name.split("-")[1]) > step]
+    newer = [p for p in list_checkpoints(run_dir) if checkpoint_step(p) > step]
     best = best_checkpoint(run_dir)
     if best is not None:
         try:
@@ -176,34 +188,82 @@ def save_best(run_dir: Path, step: int, model: nn.Module, record: dict[str, Any]
 
 
 def best_checkpoint(run_dir: Path) -> Path | None:
-    """``run_dir``'s ``checkpoints/best``, or None if the run keeps none."""
+    """``run_dir``'s ``checkpoints/best`` (or, after a kill while it was being replaced, the
+    copy set aside then), or None if the run keeps none."""
     best = Path(run_dir) / CHECKPOINT_DIR / BEST_NAME
-    return best if (best / META_FILE).is_file() else None
+    for candidate in (best, _previous(best)):
+        if (candidate / META_FILE).is_file() and not candidate.is_symlink():
+            return candidate
+    return None
 
 
 def _write_checkpoint(
     final: Path, step: int, model: nn.Module, train_state: dict[str, Any]
 ) -> Path:
-    """Stage, fsync and rename a checkpoint directory into place at ``final``."""
+    """Stage, fsync and rename a checkpoint directory into place at ``final``.
+
+    A directory already at ``final`` (``best``, or the same step saved again after a signal)
+    is renamed aside before the staged one takes its place and deleted after, so that a kill
+    in between leaves one of them (:func:`best_checkpoint` finds the one set aside).
+
+    Raises:
+        OSError: a file could not be written (a full disk, say), naming it; the staging
+            directory is removed and the previous checkpoint is untouched.
+        CheckpointError: ``checkpoints/`` is a symbolic link.
+    """
+    _refuse_link(final.parent)
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = final.parent / f".{final.name}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    save_model(unwrap(model), str(staging / MODEL_FILE))
-    faults.kill_if_armed("checkpoint", step)
-    torch.save({"format_version": FORMAT_VERSION, **train_state}, staging / STATE_FILE)
-    meta = {
-        "format_version": FORMAT_VERSION,
-        "step": step,
-        "sha256": {name: _sha256(staging / name) for name in (MODEL_FILE, STATE_FILE)},
-    }
-    (staging / META_FILE).write_text(json.dumps(meta, indent=2))
-    for name in (MODEL_FILE, STATE_FILE, META_FILE):
-        _fsync(staging / name)
-    if final.exists():  # re-saving the same step (e.g. a signal right after a periodic save)
-        shutil.rmtree(final)
+    file = staging / MODEL_FILE
+    try:
+        save_model(unwrap(model), str(file))
+        faults.kill_if_armed("checkpoint", step)
+        file = staging / STATE_FILE
+        torch.save({"format_version": FORMAT_VERSION, **train_state}, file)
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "step": step,
+            "sha256": {name: _sha256(staging / name) for name in (MODEL_FILE, STATE_FILE)},
+        }
+        file = staging / META_FILE
+        file.write_text(json.dumps(meta, indent=2))
+        for name in (MODEL_FILE, STATE_FILE, META_FILE):
+            _fsync(staging / name)
+    except (OSError, RuntimeError, SafetensorError) as exc:  # torch.save: RuntimeError
+        shutil.rmtree(staging, ignore_errors=True)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise OSError(
+            f"cannot write the checkpoint's {file.name} in {final.parent} ({reason}; is the "
+            "disk full?); the previous checkpoint is intact"
+        ) from exc
+    previous = _previous(final)
+    if final.exists():
+        shutil.rmtree(previous, ignore_errors=True)
+        os.replace(final, previous)
     os.replace(staging, final)
+    shutil.rmtree(previous, ignore_errors=True)
     return final
+
+
+def _previous(final: Path) -> Path:
+    """Where :func:`_write_checkpoint` sets aside the directory it replaces."""
+    return final.parent / f".{final.name}.previous"
+
+
+def _refuse_link(path: Path) -> None:
+    """Refuse a run's ``checkpoints/`` or checkpoint directory that is a symbolic link: the run
+    would read, write or prune another place through it.
+
+    Raises:
+        CheckpointError: naming the link.
+    """
+    if path.is_symlink():
+        raise CheckpointError(
+            f"{path} is a symbolic link; a run's checkpoints must be its own directories "
+            "(through a link it would read, write or prune another run's)"
+        )
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -228,6 +288,8 @@ def resolve_checkpoint(path: Path) -> Path:
             "directories"
         )
     if (path / META_FILE).exists() or (path / MODEL_FILE).exists():
+        _refuse_link(path)
+        _refuse_link(path.parent)
         if path.resolve().parent.name != CHECKPOINT_DIR:
             raise CheckpointError(
                 f"{path} is not inside a run's {CHECKPOINT_DIR}/ directory; pass the run "
@@ -237,6 +299,7 @@ def resolve_checkpoint(path: Path) -> Path:
     if not path.exists():
         raise CheckpointError(f"{path} does not exist")
     root = path / CHECKPOINT_DIR
+    _refuse_link(root)
     latest = root / LATEST_FILE
     newest = list_checkpoints(path)
     fallback = newest[-1] if newest else None
@@ -252,6 +315,7 @@ def resolve_checkpoint(path: Path) -> Path:
     inside = (
         re.fullmatch(r"step-\d{8,}", name) is not None
         and target.is_dir()
+        and not target.is_symlink()
         and target.resolve().parent == root.resolve()
     )
     if not inside:
@@ -349,7 +413,7 @@ def _fallback(ckpt: Path, files: tuple[str, ...]) -> Path | None:
     ``ckpt`` is ``best``) whose ``files`` are intact, if any."""
     steps = list_checkpoints(ckpt.parent.parent)
     if ckpt.name != BEST_NAME:
-        steps = [p for p in steps if p.name < ckpt.name]
+        steps = [p for p in steps if checkpoint_step(p) < checkpoint_step(ckpt)]
     return next((p for p in reversed(steps) if _intact(p, files)), None)
 
 
@@ -399,7 +463,15 @@ def load_train_state(ckpt: Path) -> dict[str, Any]:
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for damaged zip archives
-        raise CheckpointError(f"cannot read training state {file}: {exc}") from exc
+        older = _fallback(ckpt, (STATE_FILE,))
+        reason = str(exc).split("\n")[0]
+        if isinstance(exc, pickle.UnpicklingError):  # torch's text advises unsafe loading
+            reason = "it holds objects other than tensors, numbers and containers"
+        hint = f" The previous intact checkpoint is {older}." if older else ""
+        raise CheckpointError(
+            f"cannot read training state {file}: not a relmem training state ({reason}).{hint}",
+            older,
+        ) from exc
     version = state.get("format_version") if isinstance(state, dict) else None
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{file}: unsupported format version {version!r}")

@@ -104,7 +104,8 @@ class _RunConfig(Generic[TaskConfigT]):
         steps: optimiser steps in total (a resumed run continues up to this count).
         batch_size: the global batch; with N data-parallel processes each takes batch_size / N.
         seed: seeds the weights and the training data; data is a function of (seed, step).
-        time_limit_min: stop (and checkpoint) after this many minutes of training; None: none.
+        time_limit_min: stop (and checkpoint) after this many minutes of training in this
+            invocation (a resume trains up to as long again); None: none.
         eval_every: steps between held-out evaluations (also at the end).
         eval_batch: the fresh batch for the paper's best-batch metric (``docs/tasks.md``
             §1.4: 1600).

@@ -9,6 +9,7 @@ the same lock but no place for the holder's name, which the error needs.)
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import platform
@@ -45,8 +46,18 @@ class RunLock:
 
     def __init__(self, run_dir: Path, create: bool = True) -> None:
         path = Path(run_dir) / LOCK_FILE
-        flags = os.O_RDWR | os.O_CREAT if create else os.O_RDONLY
-        self._fd: int | None = os.open(path, flags, 0o644)
+        flags = (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | os.O_NOFOLLOW
+        try:
+            self._fd: int | None = os.open(path, flags, 0o644)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise OSError(
+                exc.errno,
+                "is a symbolic link; the lock is the run's own file (through a link the run "
+                "would write elsewhere): remove it",
+                str(path),
+            ) from None
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

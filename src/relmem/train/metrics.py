@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,7 +44,8 @@ def _finite_or_none(value: float) -> float | None:
 
 
 class MetricsFileError(ValueError):
-    """A ``metrics.jsonl`` line other than the last is not a JSON object (not a torn write)."""
+    """A ``metrics.jsonl`` that cannot be used: a line other than the last is not a JSON object
+    (not a torn write), or the file is a symbolic link."""
 
 
 def _parse_line(line: bytes) -> dict[str, Any] | None:
@@ -96,21 +98,30 @@ class JsonlLogger:
     The file is append-only. A new run (``resume_step`` None) starts it empty. A resumed run
     first cuts it back by truncation, never by rewriting: to the records at or before
     ``resume_step`` that are not :data:`STOP_KEY` records (everything after them was logged
-    after the checkpoint and is logged again, identically), and without a torn last line (a
-    kill in mid-write), which is reported on stderr with the file and the step. A kill at any
-    moment therefore leaves every record up to the last checkpoint in place.
+    after the checkpoint and is logged again, identically; ``keep_stop`` keeps a stop record,
+    for a resume with nothing left to train), and without a torn last line (a kill in
+    mid-write), which is reported on stderr with the file and the step. A kill at any moment
+    therefore leaves every record up to the last checkpoint in place.
 
     Raises:
         MetricsFileError: a line other than the last is damaged (named with its number).
     """
 
-    def __init__(self, path: Path, resume_step: int | None = None) -> None:
+    def __init__(
+        self, path: Path, resume_step: int | None = None, *, keep_stop: bool = False
+    ) -> None:
         self.path = Path(path)
-        cut = 0 if resume_step is None else resume_cut(self.path, resume_step)
+        if self.path.is_symlink():
+            raise MetricsFileError(
+                f"{self.path} is a symbolic link; the metrics are the run's own file (through a "
+                "link the run would cut and append to another file): replace it by the file"
+            )
+        cut = 0 if resume_step is None else resume_cut(self.path, resume_step, keep_stop)
+        # O_NOFOLLOW: a link made after the check above is refused, not followed
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         if cut is not None:
-            with open(self.path, "ab") as f:
-                f.truncate(cut)
-        self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - closed in close()
+            os.ftruncate(fd, cut)
+        self._file = os.fdopen(fd, "a", buffering=1)
 
     def log_dict(self, metrics: dict[str, float], step: int) -> None:
         record = {"step": step, **{k: _finite_or_none(float(v)) for k, v in metrics.items()}}
@@ -119,7 +130,10 @@ class JsonlLogger:
             self._file.write(line[: len(line) // 2])
             self._file.flush()
             faults.kill_if_armed("log", step)
-        self._file.write(line)
+        try:
+            self._file.write(line)
+        except OSError as exc:  # a full disk: name the file
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
 
     def log_config(self, config: dict[str, Any]) -> None:
         """The config lives in ``config.json``; nothing to add to the metric stream."""
@@ -128,8 +142,10 @@ class JsonlLogger:
         self._file.close()
 
 
-def resume_cut(path: Path, resume_step: int) -> int | None:
-    """The length to truncate ``path`` to before a run resumes at ``resume_step``.
+def resume_cut(path: Path, resume_step: int, keep_stop: bool = False) -> int | None:
+    """The length to truncate ``path`` to before a run resumes at ``resume_step``: before the
+    first record past it or marked :data:`STOP_KEY` (``keep_stop``: a stop record at
+    ``resume_step`` stays, for a resume that has nothing left to train).
 
     None: no file (nothing to cut). Prints a warning naming the file and the step when a torn
     last line is dropped.
@@ -148,7 +164,7 @@ def resume_cut(path: Path, resume_step: int) -> int | None:
             flush=True,
         )
     for offset, record in records:
-        if record["step"] > resume_step or record.get(STOP_KEY):
+        if record["step"] > resume_step or (record.get(STOP_KEY) and not keep_stop):
             return offset
     return end
 

@@ -10,6 +10,7 @@ only for tasks that have such data), ``metrics.jsonl``, ``tb/``, ``checkpoints/`
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
@@ -30,6 +31,7 @@ from relmem.tasks.registry import get_task
 from relmem.train import checkpoint as ckpt_io
 from relmem.train.config import TrainConfig, config_from_dict
 from relmem.train.distributed import DistInfo
+from relmem.train.lock import LOCK_FILE
 
 # The most parameters a command builds unless --max-parameters lifts it (2^28 float32 weights are
 # 1 GiB, Adam's moments twice that): a config.json from elsewhere cannot ask for any allocation.
@@ -57,8 +59,16 @@ def check_model_size(
     Raises:
         ValueError: more than ``max_parameters`` (the message names ``--max-parameters``).
     """
-    with torch.device("meta"):
-        model = (build or build_model)(config, task)
+    try:
+        with torch.device("meta"):
+            model = (build or build_model)(config, task)
+    except (RuntimeError, OverflowError, TypeError) as exc:  # a size too large to count
+        if "overflow" not in str(exc).lower():
+            raise
+        raise ValueError(
+            f"model {config.model!r} as configured is too large to build (its sizes overflow: "
+            f"{str(exc).splitlines()[0][:120]}); check the model's size options"
+        ) from None
     count = models.count_parameters(model)
     if count > max_parameters:
         raise ValueError(
@@ -75,10 +85,31 @@ def build_model(config: TrainConfig, task: Task) -> nn.Module:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as indented JSON, atomically (a temporary file, then ``os.replace``)."""
+    """Write ``data`` as indented JSON, atomically (a temporary file, then ``os.replace``, which
+    replaces a symbolic link at ``path`` rather than writing where it points). Non-finite
+    numbers are written as ``null`` (JSON has no NaN).
+
+    Raises:
+        OSError: naming ``path`` (the temporary file is removed).
+    """
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(_finite(data), indent=2, allow_nan=False) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
+
+
+def _finite(data: Any) -> Any:
+    """``data`` with every non-finite float replaced by None, containers walked."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {key: _finite(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(value) for value in data]
+    return data
 
 
 def new_run_dir(config: TrainConfig, task_name: str, info: DistInfo) -> Path:
@@ -95,7 +126,7 @@ def new_run_dir(config: TrainConfig, task_name: str, info: DistInfo) -> Path:
     if name is None:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
         name = f"{task_name}-{config.model}-{stamp}"
-    problem = _occupied(config.out_dir / name) if info.is_main else None
+    problem = occupied(config.out_dir / name) if info.is_main else None
     if info.enabled:  # every rank must agree on the (time-stamped) name and the verdict
         holder = [name, problem]
         dist.broadcast_object_list(holder, src=0)
@@ -105,13 +136,15 @@ def new_run_dir(config: TrainConfig, task_name: str, info: DistInfo) -> Path:
     return config.out_dir / name
 
 
-def _occupied(run_dir: Path) -> str | None:
-    """Why a new run cannot start in ``run_dir``, or None when it is absent or empty."""
+def occupied(run_dir: Path) -> str | None:
+    """Why a new run cannot start in ``run_dir``, or None when it is absent or empty (but for
+    a lock file: a run killed before it wrote anything, or this run's own lock when checked
+    again once it is held)."""
     if not run_dir.exists():
         return None
     if not run_dir.is_dir():
         return f"{run_dir} exists and is not a directory; choose another --run-name"
-    entries = sorted(entry.name for entry in run_dir.iterdir())
+    entries = sorted(entry.name for entry in run_dir.iterdir() if entry.name != LOCK_FILE)
     if not entries:
         return None
     if ckpt_io.list_checkpoints(run_dir):

@@ -48,6 +48,7 @@ from relmem.train.runs import (
     check_data_identity,
     check_model_size,
     new_run_dir,
+    occupied,
     read_invocations,
     record_data_identity,
     record_invocation,
@@ -367,9 +368,18 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.lock = RunLock(self.run_dir)
         try:
+            # checked again under the lock: another new run of the same name may have filled
+            # the directory since new_run_dir looked (and would be wiped)
+            problem = None if resumed else occupied(self.run_dir)
+            if problem is not None:
+                raise FileExistsError(problem)
             invocations = read_invocations(self.run_dir)
+            # a resume with nothing left to train (killed after its last checkpoint) keeps the
+            # last stop record: no step will log it again
             jsonl = JsonlLogger(
-                self.run_dir / "metrics.jsonl", resume_step=step if resumed else None
+                self.run_dir / "metrics.jsonl",
+                resume_step=step if resumed else None,
+                keep_stop=step >= config.steps,
             )
             abandoned = ckpt_io.set_aside_newer(self.run_dir, step) if resumed else None
         except BaseException:
@@ -392,7 +402,10 @@ class Trainer:
             record_data_identity(self.run_dir, self.task)
         loggers: list[MetricLogger] = [jsonl]
         if config.tensorboard:
-            loggers.append(TensorBoardLogger(self.run_dir / "tb", purge_step=step or None))
+            # TensorBoard hides events at and after purge_step: the checkpoint's own step's
+            # records were logged before it was saved
+            purge = step + 1 if resumed else None
+            loggers.append(TensorBoardLogger(self.run_dir / "tb", purge_step=purge))
         logger = MultiLogger(loggers)
         logger.log_config(self.config_dict)
         print(
