@@ -388,11 +388,17 @@ def test_impala_collector_processes_run_the_fused_rmc(reach_task, tmp_path: Path
     assert result.status == "completed" and result.summary["steps"] == 2
 
 
-def test_eval_refuses_test_size_for_an_rl_run(reach_task, tmp_path: Path, capsys) -> None:
-    """--test-size was accepted and ignored (an RL run plays --episodes)."""
+def test_eval_and_plot_refuse_options_an_rl_run_would_ignore(
+    reach_task, tmp_path: Path, capsys
+) -> None:
+    """--test-size (eval) and --checkpoint (plot) were accepted and ignored."""
     from relmem.commands import evaluate
 
     result = run(reach_config(tmp_path, steps=2, eval_every=2), "reach")
     capsys.readouterr()
     assert evaluate.main([str(result.run_dir), "--test-size", "5"]) == 2
     assert "an RL run plays --episodes" in capsys.readouterr().err
+    from relmem.commands import plot
+
+    assert plot.main([str(result.run_dir), "--checkpoint", str(tmp_path)]) == 2
+    assert "reads no weights" in capsys.readouterr().err

@@ -415,3 +415,13 @@ def test_run_files_hold_strict_json(tmp_path: Path) -> None:
         "groups": [None, 1.5],
         "step": 3,
     }
+
+
+def test_plot_draws_the_curves_of_a_run_without_maps_or_checkpoints(tmp_path: Path, tiny, capsys):
+    """An LSTM run killed before its first checkpoint could not be plotted ("holds no
+    checkpoint"), though an LSTM has no attention maps to read weights for."""
+    run(tiny(model="lstm", steps=10), "nth-farthest")
+    shutil.rmtree(tmp_path / "run" / ckpt_io.CHECKPOINT_DIR)
+    assert cli.main(["plot", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "no attention maps: model 'lstm' has no attention" in out and "curves.png" in out

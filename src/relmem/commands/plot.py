@@ -175,15 +175,25 @@ def main(argv: list[str]) -> int:
         task_name, config = load_run_config(args.run_dir)
         entry = get_task(task_name)
         if entry.trainer is not None:
+            if args.checkpoint is not None:
+                raise ValueError(
+                    "--checkpoint: an RL run's plot draws its curves from metrics.jsonl and "
+                    "reads no weights; relmem play RUN_DIR --checkpoint CKPT renders episodes"
+                )
             draw = partial(_plot_rl, args, out, task_name, config)
-        elif args.examples == 0:  # the curves alone: no checkpoint is read
-            task = entry.build(config.task)
-            draw = partial(_plot_supervised, args, out, task_name, config, task, None)
         else:
-            config, task_name, task, model, ckpt = load_trained(
-                args.run_dir, args.checkpoint, max_parameters=args.max_parameters
-            )
-            draw = partial(_plot_supervised, args, out, task_name, config, task, (model, ckpt))
+            task = entry.build(config.task)
+            why = _no_maps(args, config, task)
+            if why is None:
+                config, task_name, task, model, ckpt = load_trained(
+                    args.run_dir, args.checkpoint, max_parameters=args.max_parameters
+                )
+                trained: tuple[SequenceModel, Path] | None = (model, ckpt)
+            else:  # the curves alone: no checkpoint is read
+                if args.examples:
+                    print(f"no attention maps: {why}")
+                trained = None
+            draw = partial(_plot_supervised, args, out, task_name, config, task, trained)
     except (ValueError, TypeError, KeyError, CheckpointError, OSError) as exc:
         return _error(describe_error(exc, "--checkpoint"))
     try:
@@ -241,6 +251,17 @@ def _plot_rl(args: PlotArgs, out: Path, task_name: str, config: TrainConfig) -> 
     return 0
 
 
+def _no_maps(args: PlotArgs, config: TrainConfig, task: Task) -> str | None:
+    """Why no attention maps are drawn (then no checkpoint is read), or None."""
+    if args.examples == 0:
+        return "--examples 0"
+    if config.model != "rmc":
+        return f"model {config.model!r} has no attention"
+    if task.spec.per_step:
+        return "they are drawn for last-step tasks"
+    return None
+
+
 def _error(message: str) -> int:
     print(f"relmem plot: error: {message}", file=sys.stderr)
     return 2
@@ -256,14 +277,9 @@ def _attention(
     ckpt: Path,
 ) -> int:
     """Draw the attention maps of ``args.examples`` (>= 1) held-out sequences (RMC, last-step
-    task)."""
-    if task.spec.per_step:
-        print(f"no attention maps: they are drawn for last-step tasks, not {task_name!r}")
-        return 0
+    task: :func:`_no_maps`)."""
     core = model.core
-    if not isinstance(core, RelationalMemory):
-        print(f"no attention maps: model {config.model!r} has no attention")
-        return 0
+    assert isinstance(core, RelationalMemory)
     if not 0 <= args.block < core.config.num_blocks:
         return _error(f"--block must be in 0..{core.config.num_blocks - 1}, got {args.block}")
     held_out = task.held_out(torch.device("cpu"))
