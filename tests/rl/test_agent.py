@@ -4,6 +4,7 @@ the encoder's layout and bad arguments."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from counter_env import CounterEnv
@@ -16,6 +17,7 @@ from relmem.models import LSTMModelConfig, RMCModelConfig
 from relmem.models.convlstm import ConvLSTMModelConfig, same_padding
 from relmem.rl import ConvLSTMModule, RMCModule, keys
 from relmem.rl.agent import build_agent
+from relmem.rl.config import AgentConfig
 from relmem.rl.envs.torchrl_env import TorchRLBatchedEnv
 from relmem.rl.modules import CellEncoder, RecurrentCoreModule
 
@@ -307,6 +309,45 @@ def test_bad_arguments_are_named() -> None:
         build_agent((5, 5, 6), 4, "convlstm", ConvLSTMModelConfig(height=3, width=3))
     with pytest.raises(ValueError, match="observation_shape must be"):
         build_agent((5, 5), 4, "lstm", TINY["lstm"])
+    # an audit's reproductions: each failed later inside torch, or not at all
+    numpy_shape = tuple(np.int64(d) for d in (5, 5, 6))  # BatchedEnv shapes may be NumPy's
+    assert build_agent(numpy_shape, np.int64(4), "lstm", TINY["lstm"]) is not None
+    with pytest.raises(TypeError, match="agent_config must be an AgentConfig or None, got dict"):
+        build_agent((5, 5, 6), 4, "lstm", TINY["lstm"], {"hidden_size": 8})
+    with pytest.raises(ValueError, match="task.agent.kernel_size must be an integer >= 1"):
+        AgentConfig(kernel_size=2.0)
+    with pytest.raises(ValueError, match="task.agent.conv_channels must be one or more"):
+        AgentConfig(conv_channels=12)
+    with pytest.raises(ValueError, match="CellEncoder: in_channels must be an integer >= 1"):
+        CellEncoder(0)
+    with pytest.raises(ValueError, match="CellEncoder: conv_channels must be a sequence"):
+        CellEncoder(3, ())
+    with pytest.raises(ValueError, match="ConvLSTMCore: height must be an integer >= 1"):
+        ConvLSTMModule(26, height=0)
+
+
+@pytest.mark.parametrize("model", sorted(TINY))
+def test_observations_and_states_of_the_wrong_shape_are_named(model: str) -> None:
+    """A channels-last ConvLSTM state was reshaped into place silently (scrambled); a wrong
+    observation failed inside a convolution or a reshape."""
+    agent, env = agent_and_env(model)
+    td = env.reset()
+    key = agent.state_keys[0]
+    shape = td[key].shape[1:]
+    assert tuple(reversed(shape)) != tuple(shape)  # channels last for the ConvLSTM's [C, H, W]
+    bad = td.clone()
+    bad[key] = torch.zeros(B, *reversed(shape))  # as many elements: a reshape took it
+    with pytest.raises(ValueError, match=f"state entry {key!r} must be"):
+        agent.policy(bad)
+    wrong = td.clone()
+    channels = td[keys.OBSERVATION].shape[-1]
+    wrong[keys.OBSERVATION] = torch.zeros(B, 7, 7, channels, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="observations must be"):
+        agent.policy(wrong)
+    floats = td.clone()
+    floats[keys.OBSERVATION] = td[keys.OBSERVATION].float() / 255
+    with pytest.raises(TypeError, match="observations must be uint8"):
+        agent.policy(floats)
 
 
 def test_parameters_are_held_once_and_copies_stay_shared() -> None:

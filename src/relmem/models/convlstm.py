@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from relmem.cores.base import finish_sequence, prepare_sequence, run_cell_loop
 from relmem.models.registry import register_model
-from relmem.validation import check_at_least
+from relmem.validation import check_at_least, check_int
 
 
 def same_padding(kernel_size: int) -> tuple[int, int, int, int]:
@@ -86,6 +86,15 @@ class ConvLSTMCore(nn.Module):
         self, input_size: int, channels: int, kernel_size: int, height: int, width: int
     ) -> None:
         super().__init__()
+        name = type(self).__name__
+        for arg, value in (
+            ("input_size", input_size),
+            ("channels", channels),
+            ("kernel_size", kernel_size),
+            ("height", height),
+            ("width", width),
+        ):
+            check_int(arg, value, owner=name)
         cells = height * width
         if input_size % cells:
             raise ValueError(

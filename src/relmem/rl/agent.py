@@ -44,7 +44,7 @@ from relmem.models.rmc import RMCModelConfig, rmc_config
 from relmem.rl import keys
 from relmem.rl.config import AgentConfig
 from relmem.rl.modules import CellEncoder, RecurrentCoreModule, RMCModule
-from relmem.validation import check_choice
+from relmem.validation import as_int, check_choice, check_int
 
 __all__ = ["Agent", "AgentConfig", "build_agent"]
 
@@ -217,19 +217,27 @@ def build_agent(
             shape; TypeError: a config of another model.
     """
     check_choice("model", model, tuple(list_models()), owner="build_agent")
-    if len(observation_shape) != 3 or any(
-        isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in observation_shape
-    ):
+    dims = [as_int(d) for d in observation_shape] if len(observation_shape) == 3 else []
+    if len(dims) != 3 or any(d is None or d < 1 for d in dims):
         raise ValueError(
             f"build_agent: observation_shape must be (H, W, C) of integers >= 1, got "
-            f"{observation_shape!r}"
+            f"{tuple(observation_shape)!r}"
         )
-    if isinstance(num_actions, bool) or not isinstance(num_actions, int) or num_actions < 2:
-        raise ValueError(f"build_agent: num_actions must be an integer >= 2, got {num_actions!r}")
-    config = agent_config or AgentConfig()
-    height, width, channels = observation_shape
+    num_actions = int(check_int("num_actions", num_actions, minimum=2, owner="build_agent"))
+    config = AgentConfig() if agent_config is None else agent_config
+    if not isinstance(config, AgentConfig):
+        raise TypeError(
+            f"build_agent: agent_config must be an AgentConfig or None, got {type(config).__name__}"
+        )
+    height, width, channels = dims
     core, rows = _build_core(model, core_config, (height, width), config.conv_channels[-1] + 2)
-    cell_encoder = CellEncoder(channels, config.conv_channels, config.kernel_size, flatten=not rows)
+    cell_encoder = CellEncoder(
+        channels,
+        config.conv_channels,
+        config.kernel_size,
+        flatten=not rows,
+        grid=(height, width),
+    )
     encoder = TensorDictModule(cell_encoder, in_keys=[keys.OBSERVATION], out_keys=[EMBEDDING])
     core_size = core.core.output_size
     trunk = TensorDictModule(

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from relmem.validation import check_at_least, check_choice, check_positive
+from relmem.validation import as_int, check_at_least, check_choice, check_int, check_positive
 
 ALGORITHMS = ("ppo", "impala")
 BACKENDS = ("process", "ray", "distributed", "submitit")
@@ -40,15 +40,18 @@ class AgentConfig:
     hidden_size: int = 256
 
     def __post_init__(self) -> None:
-        self.conv_channels = tuple(self.conv_channels)
-        if not self.conv_channels or any(
-            isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in self.conv_channels
+        widths = self.conv_channels
+        if (
+            isinstance(widths, (int, str))
+            or not widths
+            or any(as_int(c) is None or c < 1 for c in widths)
         ):
             raise ValueError(
-                "task.agent.conv_channels must be one or more integers >= 1, got "
-                f"{self.conv_channels}"
+                f"task.agent.conv_channels must be one or more integers >= 1, got {widths!r}"
             )
-        check_at_least("task.agent.", self, kernel_size=1, hidden_size=1)
+        self.conv_channels = tuple(int(c) for c in widths)
+        self.kernel_size = int(check_int("task.agent.kernel_size", self.kernel_size))
+        self.hidden_size = int(check_int("task.agent.hidden_size", self.hidden_size))
 
 
 @dataclass

@@ -51,7 +51,7 @@ from torchrl.modules import recurrent_mode
 from relmem.cores.rmc import Implementation, RelationalMemory, RMCConfig
 from relmem.models.convlstm import ConvLSTMCore, same_padding
 from relmem.rl import keys
-from relmem.validation import check_choice
+from relmem.validation import check_choice, check_int
 
 __all__ = ["CellEncoder", "ConvLSTMModule", "RMCModule", "RecurrentCoreModule"]
 
@@ -64,6 +64,7 @@ class CellEncoder(nn.Module):
         conv_channels: the two convolutions' widths (paper 12, 24).
         kernel_size: their square kernel (paper 2), stride 1, TensorFlow 'same' padding.
         flatten: return ``[*B, H·W·F]`` (the rows concatenated) instead of ``[*B, H·W, F]``.
+        grid: ``(H, W)`` the observations must have (None: any; the agent's core fixes it).
 
     Shapes:
         observation ``uint8 [*B, H, W, C]`` (scaled by 1/255) -> ``[*B, H·W, F]`` with
@@ -78,8 +79,20 @@ class CellEncoder(nn.Module):
         kernel_size: int = 2,
         *,
         flatten: bool = False,
+        grid: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
+        name = type(self).__name__
+        check_int("in_channels", in_channels, owner=name)
+        check_int("kernel_size", kernel_size, owner=name)
+        if isinstance(conv_channels, (int, str)) or not conv_channels:
+            raise ValueError(
+                f"{name}: conv_channels must be a sequence of one or more widths, got "
+                f"{conv_channels!r}"
+            )
+        for width in conv_channels:
+            check_int("conv_channels", width, owner=name)
+        self.grid = None if grid is None else tuple(grid)
         widths = [in_channels, *conv_channels]
         self.convs = nn.ModuleList(
             nn.Conv2d(a, b, kernel_size) for a, b in zip(widths, widths[1:], strict=False)
@@ -89,6 +102,18 @@ class CellEncoder(nn.Module):
         self.output_size = widths[-1] + 2  # per cell
 
     def forward(self, observation: Tensor) -> Tensor:
+        name = type(self).__name__
+        if observation.dtype != torch.uint8:
+            raise TypeError(
+                f"{name}: observations must be uint8 (the encoder scales them by 1/255), got "
+                f"{observation.dtype}"
+            )
+        expected = (*(self.grid or observation.shape[-3:-1]), self.convs[0].in_channels)
+        if observation.dim() < 3 or tuple(observation.shape[-3:]) != expected:
+            raise ValueError(
+                f"{name}: observations must be [*B, {', '.join(map(str, expected))}] "
+                f"(H, W, C), got {list(observation.shape)}"
+            )
         *batch, height, width, channels = observation.shape
         x = observation.reshape(-1, height, width, channels).permute(0, 3, 1, 2)
         x = x.to(self.convs[0].weight.dtype) / 255.0
@@ -339,10 +364,26 @@ class RecurrentCoreModule(TensorDictModuleBase):
             )
         return value
 
+    def _state(self, tensordict: TensorDictBase, key: str, shape: tuple[int, ...]) -> Tensor:
+        """The state entry ``key``, ``[*tensordict.shape, *shape]``.
+
+        Raises:
+            ValueError: another shape (a reshape would scramble it, or fail without naming it).
+        """
+        value = self._get(tensordict, key)
+        if tuple(value.shape[tensordict.ndim :]) != tuple(shape):
+            raise ValueError(
+                f"{type(self).__name__}: state entry {key!r} must be "
+                f"{[*tensordict.shape, *shape]} (batch, then {list(shape)}), got "
+                f"{list(value.shape)}; the agent's make_tensordict_primer() makes it"
+            )
+        return value
+
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         x = self._get(tensordict, self.input_key)
         is_init = self._get(tensordict, keys.IS_INIT)
-        states = [self._get(tensordict, k) for k in self.state_keys]
+        pairs = zip(self.state_keys, self.state_shapes, strict=True)
+        states = [self._state(tensordict, k, shape) for k, shape in pairs]
         if not self.recurrent_mode:
             batch = tensordict.shape
             pairs = zip(states, self.state_shapes, strict=True)
