@@ -1,4 +1,5 @@
-"""The ConvLSTM baseline (Shi et al. 2015) as a trainer core (``--model convlstm``).
+"""The ConvLSTM baseline (after Shi et al. 2015, without their peephole terms) as a trainer
+core (``--model convlstm``).
 
 The paper's BoxWorld baseline replaces the RMC by a ConvLSTM with 64 channels and 2×2 kernels
 of stride 1 (``docs/rl.md`` §3). Its state is a pair of feature maps ``(h, c)``, each
@@ -8,6 +9,9 @@ per cell:
 
     i, f, g, o = split(conv([x; h]))
     c' = σ(f) ∘ c + σ(i) ∘ tanh(g),    h' = σ(o) ∘ tanh(c')
+
+with no forget-gate bias beyond the convolution's own (``docs/rl.md`` §3: a library choice;
+Sonnet's ``Conv2DLSTM`` adds 1.0).
 
 **The spatial shape is configuration** (``height``, ``width``), not inferred from the data: the
 state's shape (and so the TorchRL primer that must exist before the first step) depends on it.
