@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -291,3 +293,26 @@ def test_fused_under_torch_compile() -> None:
     # The hoisted work around the operators is compiled: rounding, not bitwise.
     torch.testing.assert_close(output, want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(final.memory, want_final.memory, rtol=1e-5, atol=1e-6)
+
+
+def test_ninja_is_found_beside_python_without_an_activated_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch looks for ninja on PATH alone: `.venv/bin/relmem`, the README's command, run
+    without activating the environment on a machine without a system ninja, fell back from
+    the fused step with "Ninja is required" though the ninja package was installed."""
+    import ninja
+
+    monkeypatch.setenv("PATH", "/usr/bin")
+    monkeypatch.setattr(fused_module.shutil, "which", lambda name: None)
+    fused_module._put_ninja_on_path()
+    assert os.environ["PATH"].split(os.pathsep)[:2] == [ninja.BIN_DIR, "/usr/bin"]
+
+
+def test_each_installation_builds_in_its_own_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two installations shared one build folder and rebuilt over each other (the build
+    records its source's absolute path)."""
+    here = fused_module.build_directory()
+    monkeypatch.setattr(fused_module, "_SOURCE", Path("/elsewhere/csrc/fused_step.cpp"))
+    assert fused_module.build_directory().parent == here.parent
+    assert fused_module.build_directory() != here

@@ -391,14 +391,17 @@ def test_impala_collector_processes_run_the_fused_rmc(reach_task, tmp_path: Path
 def test_eval_and_plot_refuse_options_an_rl_run_would_ignore(
     reach_task, tmp_path: Path, capsys
 ) -> None:
-    """--test-size (eval) and --checkpoint (plot) were accepted and ignored."""
+    """--test-size (eval) and --checkpoint (plot) were accepted and ignored; generate failed
+    with a traceback."""
     from relmem.commands import evaluate
 
     result = run(reach_config(tmp_path, steps=2, eval_every=2), "reach")
     capsys.readouterr()
     assert evaluate.main([str(result.run_dir), "--test-size", "5"]) == 2
     assert "an RL run plays --episodes" in capsys.readouterr().err
-    from relmem.commands import plot
+    from relmem.commands import generate, plot
 
     assert plot.main([str(result.run_dir), "--checkpoint", str(tmp_path)]) == 2
     assert "reads no weights" in capsys.readouterr().err
+    assert generate.main([str(result.run_dir)]) == 2  # a traceback ('no attribute spec')
+    assert "trains by reinforcement learning" in capsys.readouterr().err

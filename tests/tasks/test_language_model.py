@@ -235,7 +235,7 @@ def test_fetch_offline_says_how_to_get_the_files(
     with pytest.raises(ValueError) as info:
         LanguageModel(LanguageModelConfig(dataset="wikitext-2"))
     message = str(info.value)
-    assert "pip install 'relmem[data]'" in message
+    assert "pip install -e '.[data]'" in message
     assert f"{tmp_path / 'cache' / 'wikitext-2'}/wiki.train.tokens" in message
     assert "pytorch/examples" in message
     write_sample(tmp_path / "cache" / "wikitext-2")  # files already there: no download needed

@@ -32,6 +32,16 @@ def test_bad_train_values(args: list[str], message: str, capsys, tmp_path: Path)
     assert not list(tmp_path.iterdir())  # nothing was written
 
 
+def test_a_task_whose_extra_is_missing_says_so(monkeypatch, capsys, tmp_path: Path) -> None:
+    """Without the rl extra, `relmem train boxworld` (and eval of an RL run) said only
+    'unknown task', as if the run were unusable."""
+    from relmem.tasks import registry
+
+    monkeypatch.setitem(registry._UNAVAILABLE, "chess", "needs the games extra: pip install x")
+    assert cli.main(["train", "chess", "--out-dir", str(tmp_path)]) == 2
+    assert "task 'chess' needs the games extra: pip install x" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "args", [["--optim.lr", "fast"], ["--device", "tpu"], ["--no-such-flag", "1"]]
 )

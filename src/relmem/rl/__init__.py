@@ -1,6 +1,6 @@
 """Reinforcement learning with relational memory (``docs/rl.md``): BoxWorld and Mini PacMan,
 the recurrent agent, and its training on TorchRL. Needs the ``rl`` extra
-(``pip install relmem[rl]``).
+(``pip install -e ".[rl]"`` in the repository).
 
 Importing this package registers the Gymnasium ids ``relmem/BoxWorld-v0`` and
 ``relmem/MiniPacman-v0``::
@@ -13,7 +13,15 @@ Importing this package registers the Gymnasium ids ``relmem/BoxWorld-v0`` and
 
 from __future__ import annotations
 
-import gymnasium as gym
+from importlib.util import find_spec
+
+if find_spec("gymnasium") is None:
+    raise ImportError(
+        'relmem.rl needs the rl extra (gymnasium is not installed): pip install -e ".[rl]" in '
+        "the relmem repository"
+    )
+
+import gymnasium as gym  # noqa: E402  (after the check that names the extra)
 
 _GYM_IDS = {
     "relmem/BoxWorld-v0": "relmem.rl.envs.boxworld:BoxWorldEnv",
@@ -31,6 +39,12 @@ def __getattr__(name: str) -> object:
     """``RMCModule`` and ``ConvLSTMModule`` (:mod:`relmem.rl.modules`), imported on first use
     so that registering the Gymnasium ids does not import TorchRL."""
     if name in __all__:
+        missing = [m for m in ("torchrl", "tensordict") if find_spec(m) is None]
+        if missing:
+            raise ImportError(
+                f"relmem.rl.{name} needs the rl extra ({', '.join(missing)} not installed): "
+                'pip install -e ".[rl]" in the relmem repository'
+            )
         from relmem.rl import modules
 
         return getattr(modules, name)

@@ -54,6 +54,13 @@ class PresetEntry:
 _TASKS: dict[str, TaskEntry] = {}
 _PRESETS: dict[str, dict[str, PresetEntry]] = {}  # task -> CLI name -> entry
 _DEFAULTS: dict[str, str] = {}  # task -> CLI name of its default preset
+_UNAVAILABLE: dict[str, str] = {}  # task -> what it needs (a missing extra)
+
+
+def mark_unavailable(name: str, needs: str) -> None:
+    """Record that task ``name`` exists but cannot be loaded here, and what it ``needs`` (an
+    extra to install): :func:`get_task` then says so instead of "unknown task"."""
+    _UNAVAILABLE[name] = needs
 
 
 def register_task(
@@ -117,6 +124,8 @@ def registered(
 def get_task(name: str) -> TaskEntry:
     """The registered task called ``name``; a ``KeyError`` listing the known ones otherwise."""
     if name not in _TASKS:
+        if name in _UNAVAILABLE:
+            raise KeyError(f"task {name!r} {_UNAVAILABLE[name]}")
         raise KeyError(f"unknown task {name!r}; known tasks: {', '.join(sorted(_TASKS))}")
     return _TASKS[name]
 

@@ -312,7 +312,13 @@ def load_trained(
         ``(config, task_name, task, model in eval mode, checkpoint directory)``.
     """
     task_name, config = load_run_config(run_dir)
-    task = get_task(task_name).build(config.task)
+    entry = get_task(task_name)
+    if build is None and entry.trainer is not None:  # the supervised builder cannot build it
+        raise ValueError(
+            f"{run_dir} is a run of {task_name!r}, which trains by reinforcement learning: "
+            "relmem eval, plot and play read it"
+        )
+    task = entry.build(config.task)
     check_data_identity(run_dir, task)
     check_model_size(config, task, max_parameters, build)
     if checkpoint is None:

@@ -32,7 +32,9 @@ or ``~/.cache/torch_extensions``, one folder per Python and torch version; see
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -70,7 +72,23 @@ def build_directory() -> Path:
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     version = f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}"
-    return Path(root) / f"relmem_fused_step-{version}"
+    # and per installation: the build records its source's absolute path, so that two
+    # installations sharing a folder would rebuild over each other
+    where = hashlib.sha1(str(_SOURCE.resolve()).encode()).hexdigest()[:8]
+    return Path(root) / f"relmem_fused_step-{version}-{where}"
+
+
+def _put_ninja_on_path() -> None:
+    """Let torch find the ``ninja`` package's binary, which sits beside the Python that runs
+    relmem (``.venv/bin``): torch looks for ``ninja`` on ``PATH`` alone, and a virtual
+    environment used without being activated (``.venv/bin/relmem``) is not on it."""
+    if shutil.which("ninja") is not None:
+        return
+    try:
+        import ninja
+    except ImportError:  # the build then says ninja is missing
+        return
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
 # The build's own lock, held while torch checks and (re)builds the operators: an flock, which
@@ -94,6 +112,7 @@ def _build_failure() -> str | None:
     from torch.utils import cpp_extension
 
     directory = build_directory()
+    _put_ninja_on_path()
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with FileLock(directory / _BUILD_LOCK):

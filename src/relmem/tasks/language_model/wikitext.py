@@ -2,7 +2,7 @@
 
 The figures are those of ``docs/tasks.md`` §3.2; where to get the data is §3.6.
 :func:`fetch` downloads a release through the Hugging Face ``datasets`` package (the optional
-extra ``relmem[data]``) into ``$RELMEM_DATA/NAME`` (default ``~/.cache/relmem/NAME``), written
+``data`` extra) into ``$RELMEM_DATA/NAME`` (default ``~/.cache/relmem/NAME``), written
 as ``wiki.{train,valid,test}.tokens``; the loader then rebuilds the token streams and checks
 their counts.
 """
@@ -126,7 +126,8 @@ def fetch(name: str) -> Path:
     except ImportError:
         raise ValueError(
             f"{name} is not in {folder} and the `datasets` package, which would download it, "
-            f"is not installed (pip install 'relmem[data]'). {how_to_get(name)}"
+            "is not installed (pip install -e '.[data]' in the relmem repository). "
+            + how_to_get(name)
         ) from None
     try:
         loaded = datasets.load_dataset(HF_DATASET, RELEASES[name].hf_config)
