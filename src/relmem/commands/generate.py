@@ -31,7 +31,7 @@ class GenerateArgs:
         run_dir: the run directory.
         prompt: the text to continue (empty: start a new line).
         tokens: how many tokens (words or bytes) to sample.
-        temperature: divides the log-probabilities (> 0; 0 takes the most likely token).
+        temperature: divides the log-probabilities (>= 0, finite; 0 takes the most likely token).
         seed: seeds the sampling.
         top_k: sample among the K most likely tokens only.
         top_p: sample from the smallest set of most likely tokens holding probability P.

@@ -61,7 +61,8 @@ class ConvLSTMModelConfig:
         channels: C, the state's channels (paper 64).
         kernel_size: the square kernel's side (paper 2), stride 1, 'same' padding (for an even
             kernel PyTorch pads one more cell after than before, as TensorFlow does).
-        height, width: the feature map's grid; the RL agent sets them to the observation's.
+        height: the feature map's rows; the RL agent sets it to the observation's.
+        width: the feature map's columns; the RL agent sets it to the observation's.
     """
 
     channels: int = 64

@@ -46,7 +46,8 @@ class AssociativeRecallConfig:
     Attributes:
         num_bits: bits per item vector (NTM: 6).
         item_length: vectors per item (NTM: 3).
-        min_items, max_items: the number of items c is uniform on this range (NTM: 2-6).
+        min_items: the fewest items c (uniform on min_items..max_items; NTM: 2-6).
+        max_items: the most items c.
         test_size: sequences in the fixed held-out set.
         test_seed: seed of the held-out set; independent of the training seed.
     """

@@ -47,8 +47,10 @@ class RepeatCopyConfig:
 
     Attributes:
         num_bits: bits per pattern vector.
-        min_length, max_length: the pattern length ℓ is uniform on this range.
-        min_repeats, max_repeats: the repeat count k is uniform on this range.
+        min_length: the shortest pattern ℓ (uniform on min_length..max_length).
+        max_length: the longest pattern ℓ.
+        min_repeats: the fewest repeats k (uniform on min_repeats..max_repeats).
+        max_repeats: the most repeats k.
         norm_max: the repeat channel holds ``k / norm_max``.
         test_size: sequences in the fixed held-out set.
         test_seed: seed of the held-out set; independent of the training seed.
@@ -148,7 +150,8 @@ class CopyConfig:
 
     Attributes:
         num_bits: bits per pattern vector (NTM: 8).
-        min_length, max_length: the pattern length is uniform on this range (NTM: 1-20).
+        min_length: the shortest pattern (uniform on min_length..max_length; NTM: 1-20).
+        max_length: the longest pattern.
         test_size: sequences in the fixed held-out set.
         test_seed: seed of the held-out set; independent of the training seed.
     """

@@ -42,13 +42,14 @@ class OptimConfig:
             ``max(lr * decay_rate ** (step / decay_steps), min_lr)`` (``docs/tasks.md`` §1.3);
             'cosine', half a cosine from ``lr`` at step 0 to ``min_lr`` at the run's last step
             (``steps``), ``min_lr + (lr - min_lr) * (1 + cos(pi * step / steps)) / 2``;
-            'plateau' (below).
-        decay_rate, decay_steps, min_lr: the 'paper' schedule's constants (0.9, 10000, 8e-5);
-            ``min_lr`` is also where 'cosine' ends.
-            'plateau': the rate is multiplied by ``plateau_factor`` whenever the held-out loss
+            'plateau', the rate multiplied by ``plateau_factor`` whenever the held-out loss
             has not improved (by a relative 1e-4) for more than ``plateau_patience``
             evaluations, as ``torch.optim.lr_scheduler.ReduceLROnPlateau`` does per epoch.
-        plateau_factor, plateau_patience: the 'plateau' schedule's constants (0.5, 5).
+        decay_rate: the 'paper' schedule's factor per ``decay_steps`` steps (0.9).
+        decay_steps: the 'paper' schedule's steps per factor ``decay_rate`` (10000).
+        min_lr: the 'paper' schedule's floor (8e-5), and where 'cosine' ends.
+        plateau_factor: the 'plateau' schedule's factor (0.5).
+        plateau_patience: the 'plateau' schedule's evaluations without improvement (5).
         grad_clip: clip the global gradient norm to this value; None disables (paper).
         warmup_steps: the rate rises linearly from ``lr / warmup_steps`` at the first step to
             the schedule's rate at step ``warmup_steps``, for any schedule (0: no warm-up).
@@ -102,13 +103,15 @@ class _RunConfig(Generic[TaskConfigT]):
             linear readout per step).
         optim: optimiser, schedule and clipping.
         steps: optimiser steps in total (a resumed run continues up to this count).
-        batch_size: the global batch; with N data-parallel processes each takes batch_size / N.
-        seed: seeds the weights and the training data; data is a function of (seed, step).
+        batch_size: the global batch, with N data-parallel processes batch_size / N each (an
+            RL task: the environments stepped together, each collecting one trajectory).
+        seed: seeds the weights and the training data (a supervised task's batches are a
+            function of (seed, step); an RL task's levels come from it).
         time_limit_min: stop (and checkpoint) after this many minutes of training in this
             invocation (a resume trains up to as long again); None: none.
         eval_every: steps between held-out evaluations (also at the end).
         eval_batch: the fresh batch for the paper's best-batch metric (``docs/tasks.md``
-            §1.4: 1600).
+            §1.4: 1600); unused by tasks without fresh batches (a corpus, an RL game).
         log_every: steps between metric lines in metrics.jsonl / TensorBoard / stdout.
         checkpoint_every: steps between checkpoints (also at the end and on a signal).
         keep_checkpoints: how many complete checkpoints to keep (>= 2 keeps a fallback).
