@@ -405,3 +405,15 @@ def test_eval_and_plot_refuse_options_an_rl_run_would_ignore(
     assert "reads no weights" in capsys.readouterr().err
     assert generate.main([str(result.run_dir)]) == 2  # a traceback ('no attribute spec')
     assert "trains by reinforcement learning" in capsys.readouterr().err
+
+
+def test_options_the_algorithm_does_not_read_are_named(reach_task, tmp_path: Path, capsys):
+    """IMPALA ran with PPO's --task.epochs / --task.lmbda set, silently."""
+    config = reach_config(tmp_path, steps=1, log_every=1, eval_every=1)
+    config.task = replace(config.task, algorithm="impala", collectors=1, epochs=7, lmbda=0.5)
+    run(config, "reach")
+    err = capsys.readouterr().err
+    assert "--task.lmbda 0.5" in err and "--task.epochs 7" in err
+    assert "not read by --task.algorithm impala" in err
+    ppo = replace(reach_config(tmp_path / "ppo", steps=1).task, collectors=5)
+    assert ppo.ignored_options() == ["--task.collectors 5"]

@@ -54,6 +54,12 @@ class AgentConfig:
         self.hidden_size = int(check_int("task.agent.hidden_size", self.hidden_size))
 
 
+# The learner options each algorithm leaves unread (backend is refused under PPO instead).
+IMPALA_IGNORES = ("lmbda", "clip_epsilon", "epochs", "minibatches", "normalize_advantage")
+IMPALA_IGNORES += ("target_kl",)
+PPO_IGNORES = ("collectors",)
+
+
 @dataclass
 class LearnerConfig:
     """How an RL task learns (the update that plugs into the trainer's step).
@@ -137,6 +143,17 @@ class LearnerConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and 0.0 <= value <= 1.0):
                 raise ValueError(f"task.{name} must lie in [0, 1], got {value}")
+
+    def ignored_options(self) -> list[str]:
+        """The options set away from their defaults that ``algorithm`` does not read, as
+        ``--task.name value`` (PPO's under IMPALA; IMPALA's collectors under PPO)."""
+        unread = IMPALA_IGNORES if self.algorithm == "impala" else PPO_IGNORES
+        defaults = LearnerConfig.__dataclass_fields__
+        return [
+            f"--task.{name.replace('_', '-')} {getattr(self, name)}"
+            for name in unread
+            if getattr(self, name) != defaults[name].default
+        ]
 
     def game_options(self) -> dict[str, Any]:
         """The game's constructor arguments (the fields this class does not define)."""

@@ -19,6 +19,7 @@ validation levels, whose best weights are kept as ``checkpoints/best``.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -64,6 +65,14 @@ class RLTrainer(Trainer):
                 f"--task.minibatches {learner.minibatches} splits --batch-size "
                 f"{config.batch_size} whole trajectories: at most {config.batch_size} "
                 "minibatches (PPO would run fewer, silently)"
+            )
+        ignored = learner.ignored_options()
+        if ignored:  # the cpu presets set PPO's: a warning, not a refusal
+            print(
+                f"relmem: warning: {', '.join(ignored)}: not read by "
+                f"--task.algorithm {learner.algorithm}",
+                file=sys.stderr,
+                flush=True,
             )
         super().__init__(config, task_name, info, device, argv, max_parameters)
 
