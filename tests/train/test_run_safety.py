@@ -425,3 +425,18 @@ def test_plot_draws_the_curves_of_a_run_without_maps_or_checkpoints(tmp_path: Pa
     assert cli.main(["plot", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert "no attention maps: model 'lstm' has no attention" in out and "curves.png" in out
+
+
+def test_a_model_option_edited_in_config_json_is_refused_at_resume(run_dir: Path, capsys):
+    """config.json's rmc.forget_bias edited by hand: the resume built another model on the
+    checkpoint's weights and trained on, without a word (the command line's override of the
+    same option was refused)."""
+    path = run_dir / "config.json"
+    config = json.loads(path.read_text())
+    config["rmc"]["forget_bias"] = 50.0
+    path.write_text(json.dumps(config))
+    before = path.read_text()
+    assert cli.main(["train", "nth-farthest", "--resume", str(run_dir), "--steps", "25"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "was trained with rmc.forget_bias = 1.0" in err and "now says 50.0" in err
+    assert path.read_text() == before

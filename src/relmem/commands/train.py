@@ -16,7 +16,7 @@ import tyro
 from relmem.commands.errors import describe_error
 from relmem.tasks.registry import default_preset, get_preset, get_task, list_presets, list_tasks
 from relmem.train.checkpoint import CHECKPOINT_DIR, CheckpointError, resolve_checkpoint
-from relmem.train.config import TrainConfig, config_to_dict
+from relmem.train.config import TrainConfig, config_to_dict, fixed_difference
 from relmem.train.lock import RunLockedError, check_unlocked
 from relmem.train.loop import run
 from relmem.train.runs import MAX_PARAMETERS, load_run_config
@@ -84,12 +84,6 @@ def parse(argv: list[str]) -> tuple[str, TrainConfig, int]:
     return task_name, config, known.max_parameters
 
 
-# What a resumed run keeps from its config: where it lives, and its model (the model's own
-# section too, but for the choice of implementation, which computes the same function).
-FIXED_ON_RESUME = ("out_dir", "run_name", "model", "head")
-FREE_MODEL_FIELDS = ("implementation",)
-
-
 def refuse_fixed_overrides(run: TrainConfig, given: TrainConfig) -> None:
     """Refuse overrides that a resumed run cannot take: a new place (``--out-dir``,
     ``--run-name``: the run stays where it is) or another model (``--model``, the model's own
@@ -99,18 +93,9 @@ def refuse_fixed_overrides(run: TrainConfig, given: TrainConfig) -> None:
     Raises:
         ValueError: naming the first such option, the run's value and what to do instead.
     """
-    run_dict, given_dict = config_to_dict(run), config_to_dict(given)
-    for name in (*FIXED_ON_RESUME, run.model):
-        before, after = run_dict[name], given_dict[name]
-        if before == after:
-            continue
-        option = name
-        if isinstance(before, dict):  # a section: name the first option that differs
-            changed = [k for k in before if before[k] != after[k] and k not in FREE_MODEL_FIELDS]
-            if not changed:
-                continue
-            field = changed[0]
-            option, before, after = f"{name}.{field}", before[field], after[field]
+    difference = fixed_difference(config_to_dict(run), config_to_dict(given))
+    if difference is not None:
+        option, before, after = difference
         raise ValueError(
             f"--{option.replace('_', '-')} cannot change when resuming (the run has "
             f"{before!r}, given {after!r}): a resumed run keeps its directory and its model; "

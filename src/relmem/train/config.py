@@ -195,6 +195,35 @@ TrainConfig = dataclasses.make_dataclass(
 TrainConfig.__doc__ = _RunConfig.__doc__
 
 
+# What a resumed run keeps from its config: where it lives, and its model (the model's own
+# section too, but for the choice of implementation, which computes the same function).
+RUN_PLACE = ("out_dir", "run_name")
+FIXED_ON_RESUME = (*RUN_PLACE, "model", "head")
+FREE_MODEL_FIELDS = ("implementation",)
+
+
+def fixed_difference(
+    run: dict[str, Any], other: dict[str, Any], *, place: bool = True
+) -> tuple[str, Any, Any] | None:
+    """The first option a resumed run keeps (:data:`FIXED_ON_RESUME`, the model's section)
+    that differs between two configs as :func:`config_to_dict` gives them: ``(option, run's
+    value, other's value)``, the option dotted (``rmc.mem_slots``); None when none does.
+    ``place=False`` compares the model alone (a run directory may have been moved)."""
+    names = FIXED_ON_RESUME if place else tuple(n for n in FIXED_ON_RESUME if n not in RUN_PLACE)
+    for name in (*names, run["model"]):
+        before, after = run.get(name), other.get(name)
+        if before == after:
+            continue
+        if isinstance(before, dict) and isinstance(after, dict):  # name the field
+            changed = [k for k in before if before[k] != after.get(k)]
+            changed = [k for k in changed if k not in FREE_MODEL_FIELDS]
+            if not changed:
+                continue
+            return f"{name}.{changed[0]}", before[changed[0]], after.get(changed[0])
+        return name, before, after
+    return None
+
+
 def config_to_dict(config: Any) -> dict[str, Any]:
     """A JSON-ready dict of a (nested) config dataclass; paths become strings."""
 

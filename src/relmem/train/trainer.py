@@ -32,7 +32,7 @@ from relmem.models import count_parameters
 from relmem.tasks.base import Batch, derive_seed, step_generator
 from relmem.tasks.registry import get_task
 from relmem.train import checkpoint as ckpt_io
-from relmem.train.config import OptimConfig, TrainConfig, config_to_dict
+from relmem.train.config import OptimConfig, TrainConfig, config_to_dict, fixed_difference
 from relmem.train.distributed import (
     DistInfo,
     all_gather_rows,
@@ -255,6 +255,16 @@ class Trainer:
             ids = [device.index] if device.type == "cuda" else None
             self.wrapped = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         self.config_dict = {"task_name": task_name, **config_to_dict(config)}
+        if saved is not None and "config" in saved:  # config.json edited since the checkpoint?
+            trained_config = json.loads(saved["config"])
+            difference = fixed_difference(trained_config, self.config_dict, place=False)
+            if difference is not None:
+                option, trained, now = difference
+                raise ValueError(
+                    f"{resume} was trained with {option} = {trained!r}, and the run's "
+                    f"config.json now says {now!r}: it was changed since; restore it (a "
+                    "resumed run keeps its model)"
+                )
         self.lock: RunLock | None = None  # rank 0's lock on the run directory
         # before anything is written: a held-out set the data cannot fill fails here
         self.held_out = self.task.held_out(device)
