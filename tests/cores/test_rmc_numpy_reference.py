@@ -215,8 +215,11 @@ CASES = {
 }
 
 
-def build(case: str, dtype: torch.dtype, seed: int = 0) -> RelationalMemoryCell:
+def build(
+    case: str, dtype: torch.dtype, seed: int = 0, implementation: str = "auto"
+) -> RelationalMemoryCell:
     kwargs = {
+        "implementation": implementation,
         "input_size": 3,
         "mem_slots": 3,
         "head_size": 2,
@@ -292,9 +295,12 @@ def test_numpy_initial_state_matches_spec():
         np.testing.assert_array_equal(cell.initial_state(3).memory.numpy()[1], expected)
 
 
+@pytest.mark.parametrize("implementation", ["auto", "reference"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_float64_one_and_two_steps_match_numpy(case):
-    cell = build(case, torch.float64)
+def test_float64_one_and_two_steps_match_numpy(case, implementation):
+    """Both the fast path ('auto') and the plain reference loop against NumPy: the reference
+    was checked only through the fast path (swapped gates in it were caught only there)."""
+    cell = build(case, torch.float64, implementation=implementation)
     us = inputs(cell, steps=2, batch=2, seed=7)
     # From the identity initial state ...
     got, want = run_both(cell, us, cell.initial_state(2))

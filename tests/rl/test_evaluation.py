@@ -10,6 +10,7 @@ import pytest
 import torch
 from counter_env import CounterEnv
 from tensordict.nn import TensorDictModule
+from torchrl.modules import ProbabilisticActor
 
 from relmem.models import LSTMModelConfig
 from relmem.rl import keys
@@ -96,3 +97,22 @@ def test_a_held_out_level_is_the_spawned_child_of_its_index() -> None:
         spawned = np.random.Generator(np.random.PCG64(children[index]))
         direct = held_out_level(7, index)
         assert np.array_equal(spawned.integers(0, 2**62, 8), direct.integers(0, 2**62, 8))
+
+
+def test_greedy_takes_the_likeliest_action_and_sampling_does_not() -> None:
+    """A policy that prefers action 0 (the rewarded one) at 1/2: greedy play earns a reward at
+    every step, sampled play at about half (a mutation inverting `greedy` passed every test)."""
+
+    def logits(obs: torch.Tensor) -> torch.Tensor:
+        return torch.tensor([0.5, 0.25, 0.25]).log().expand(obs.shape[0], 3)
+
+    policy = ProbabilisticActor(
+        TensorDictModule(logits, in_keys=[keys.OBSERVATION], out_keys=[keys.LOGITS]),
+        in_keys=[keys.LOGITS],
+        out_keys=[keys.ACTION],
+        distribution_class=torch.distributions.Categorical,
+    )
+    greedy = evaluate(CounterEnv, policy, episodes=64, seed=3, greedy=True)
+    sampled = evaluate(CounterEnv, policy, episodes=64, seed=3)
+    assert greedy.mean_return == greedy.mean_length
+    assert sampled.mean_return < 0.75 * sampled.mean_length

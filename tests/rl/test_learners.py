@@ -17,7 +17,14 @@ from torchrl.objectives.value import GAE
 
 from relmem.rl import keys
 from relmem.rl.agent import INTERMEDIATE_KEYS
-from relmem.rl.learners import LOSS_TERMS, total_loss, write_values, write_vtrace_targets
+from relmem.rl.config import LearnerConfig
+from relmem.rl.learners import (
+    LOSS_TERMS,
+    PPOUpdate,
+    total_loss,
+    write_values,
+    write_vtrace_targets,
+)
 
 
 def second_batch(model: str, truncate: bool):
@@ -164,3 +171,16 @@ def test_vtrace_on_policy_is_the_plain_return(model: str, truncate: bool) -> Non
     targets, advantage = vtrace_on_policy_reference(data, gamma=0.9)
     torch.testing.assert_close(data["value_target"].double(), targets, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(data["advantage"].double(), advantage, rtol=1e-5, atol=1e-5)
+
+
+def test_ppo_takes_its_advantages_at_the_configured_gamma_and_lambda() -> None:
+    """PPOUpdate's GAE is built from the config (a mutation swapping gamma and lambda passed
+    every fast test)."""
+    agent, data = second_batch("lstm", truncate=True)
+    expected = data.clone()
+    with torch.no_grad(), set_recurrent_mode(True):
+        write_values(agent, expected)
+        GAE(gamma=0.9, lmbda=0.5, value_network=None)(expected)
+    config = LearnerConfig(gamma=0.9, lmbda=0.5, epochs=1)
+    PPOUpdate(agent, config)(data, lambda loss: torch.zeros(()))  # no optimiser step
+    torch.testing.assert_close(data["advantage"], expected["advantage"])

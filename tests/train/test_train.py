@@ -295,3 +295,49 @@ def test_cosine_schedule_and_warmup() -> None:
     assert [lr_multiplier(s, config) for s in (0, 98, 99, 500)] == pytest.approx([0.01, 0.99, 1, 1])
     with pytest.raises(ValueError, match="warmup_steps"):
         OptimConfig(warmup_steps=-1)
+
+
+def test_the_optimiser_steps_on_clipped_gradients(tiny) -> None:
+    """The clip must come before the step (a mutation that stepped first passed every learning
+    test: Adam barely reacts to a constant gradient scale)."""
+    config = tiny(run_name="clip")
+    config.optim = OptimConfig(lr=1e-3, grad_clip=1e-3)
+    trainer = Trainer(config, "nth-farthest", DistInfo(), torch.device("cpu"), [])
+    trainer.release()
+    seen = []
+    real_step = trainer.optimizer.step
+
+    def step(*args, **kwargs):
+        grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+        seen.append(float(torch.nn.utils.get_total_norm(grads)))
+        return real_step(*args, **kwargs)
+
+    trainer.optimizer.step = step
+    batch = trainer.sample(1, config.batch_size)
+    logits, _ = trainer.model(batch.inputs)
+    norm = trainer.apply_gradients(trainer.task.loss(logits, batch))
+    assert float(norm) > 1e-2 and seen == [pytest.approx(1e-3, rel=1e-4)]
+
+
+def test_a_log_line_covers_the_steps_since_the_previous_one(tiny) -> None:
+    """The training window restarts at each closed log line (a mutation that never reset it
+    was caught only by a learning threshold narrowly missed)."""
+    config = tiny(run_name="window")
+    trainer = Trainer(config, "nth-farthest", DistInfo(), torch.device("cpu"), [])
+    trainer.release()
+    losses = []
+    real_add = trainer.window.add
+
+    def add(measures, groups):
+        total, count = measures["loss"]
+        losses.append(float(total.sum() / count.sum()))
+        real_add(measures, groups)
+
+    trainer.window.add = add
+    for _ in range(2):
+        trainer.step(0, False)
+    trainer.train_metrics()
+    for _ in range(3):
+        trainer.step(0, False)
+    second = trainer.train_metrics()["train/loss"]
+    assert second == pytest.approx(sum(losses[2:]) / 3, rel=1e-5)
