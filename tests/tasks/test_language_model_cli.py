@@ -202,3 +202,18 @@ def test_two_processes_train_on_their_own_slices(tmp_path: Path) -> None:
     ddp = load_file(ckpt_io.resolve_checkpoint(tmp_path / "ddp") / ckpt_io.MODEL_FILE)
     for key in single:
         torch.testing.assert_close(ddp[key], single[key], rtol=1e-4, atol=1e-6, msg=key)
+
+
+def test_an_evaluation_off_the_grid_does_not_compete_for_best(tmp_path: Path, capsys) -> None:
+    """A run that stops off its evaluation grid (here at 7, evaluating every 3) logs a `stop`
+    evaluation that feeds nothing: it copied its weights to checkpoints/best, which the
+    uninterrupted run resumed from there never had (docs/runs.md §1)."""
+    data = write_sample(tmp_path / "data")
+    argv = train_args(data, tmp_path, "run", "--steps", "7", "--task.embedding-dropout", "0")
+    assert cli.main(argv) == 0
+    capsys.readouterr()
+    run_dir = tmp_path / "run"
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1].get("stop") == 1 and records[-1]["step"] == 7
+    best = ckpt_io.best_checkpoint(run_dir)
+    assert json.loads((best / ckpt_io.META_FILE).read_text())["step"] in (3, 6)

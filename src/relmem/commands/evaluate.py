@@ -43,11 +43,12 @@ class EvalArgs:
         checkpoint: a checkpoint directory to evaluate instead of the run's best (if it keeps
             one) or latest.
         device: auto, cpu, cuda or mps.
-        test_size: held-out sequences (None: the run's own setting).
+        test_size: held-out sequences of a supervised run (None: the run's own setting; an RL
+            run refuses it).
         json_out: where to write the result (None: ``RUN_DIR/eval.json``).
         max_parameters: refuse to build a model larger than this (a config.json from
             elsewhere cannot make the command allocate without bound).
-        episodes: test episodes of an RL run (its levels are seeded by the run's
+        episodes: test episodes of an RL run, at least 2 (its levels are seeded by the run's
             ``task.eval_seed``).
     """
 

@@ -45,7 +45,8 @@ class PlotArgs:
         examples: held-out sequences to draw attention maps for (RMC runs); 0 draws the
             curves alone and reads no checkpoint.
         block: which attention block to draw (0-based).
-        checkpoint: a checkpoint directory instead of the run's latest.
+        checkpoint: the checkpoint whose attention maps are drawn instead of the run's latest
+            (RMC runs of last-step tasks; an RL run refuses it).
         max_parameters: refuse to build a model larger than this.
     """
 

@@ -68,8 +68,9 @@ class LearnerConfig:
         agent: the encoder and the heads around the core (:class:`AgentConfig`; the core's
             own sizes are ``--rmc.*``, ``--lstm.*``, ``--convlstm.*``).
         algorithm: 'ppo' (TorchRL ``ClipPPOLoss`` with ``GAE`` on whole rollouts, one process;
-            for small runs) or 'impala' (``VTrace`` + ``A2CLoss`` on batches from an
-            asynchronous multi-process collector; the paper's setting).
+            for small runs) or 'impala' (V-trace targets with the taken actions' importance
+            weights and ``A2CLoss``, on batches from an asynchronous multi-process collector;
+            the paper's setting).
         unroll: T, environment steps per trajectory in a batch (IMPALA: 40).
         gamma: the discount (0.99).
         lmbda: GAE's lambda (PPO only).

@@ -138,8 +138,9 @@ def boxworld_paper() -> TrainConfig:
 
     n = 12, L in 1..5, 0..5 forward distractors, 5x5 viewport; V-trace actor-critic, unroll
     40, batches of 32 trajectories, entropy 0.005, gamma 0.99, value weight 0.5, RMSProp 2e-4
-    (decay 0.99, epsilon 0.01), clip 40; RMC 4 x 4 x 64 with memory gating (``--model lstm``:
-    256 units); 8 collector processes; 1e9 frames = 781,250 steps.
+    (decay 0.99, IMPALA's epsilon 0.01 as 7.8e-5 in PyTorch's arrangement), clip 40; RMC
+    4 x 4 x 64 with memory gating (``--model lstm``: 256 units); 8 collector processes; 1e9
+    frames = 781,250 steps.
     """
     task = BoxWorldConfig(
         grid_size=12,

@@ -64,7 +64,7 @@ class RLTrainer(Trainer):
             raise ValueError(
                 f"--task.minibatches {learner.minibatches} splits --batch-size "
                 f"{config.batch_size} whole trajectories: at most {config.batch_size} "
-                "minibatches (PPO would run fewer, silently)"
+                "minibatches (a minibatch needs at least one whole trajectory)"
             )
         ignored = learner.ignored_options()
         if ignored:  # the cpu presets set PPO's: a warning, not a refusal

@@ -104,7 +104,8 @@ class JsonlLogger:
     therefore leaves every record up to the last checkpoint in place.
 
     Raises:
-        MetricsFileError: a line other than the last is damaged (named with its number).
+        MetricsFileError: a line other than the last is damaged (named with its number), or
+            the file is a symbolic link.
     """
 
     def __init__(

@@ -524,7 +524,8 @@ class Trainer:
         }
 
     def evaluate(self, on_grid: bool = True) -> dict[str, float]:
-        """The held-out metrics and this step's fresh batch (``eval/...``), and what the task's
+        """The held-out metrics and, for a task with ``fresh_batches``, this step's fresh batch
+        (``eval/...``), and what the task's
         :meth:`~relmem.tasks.base.Task.after_evaluation` adds (a curriculum's level).
 
         A task with ``keep_best`` gets its best held-out weights copied to
@@ -552,7 +553,8 @@ class Trainer:
                 self.progress.best_batch = best
             metrics |= {f"eval/batch_{m}": batch_value[m], f"eval/best_batch_{m}": best}
         metrics |= {f"eval/{m}_group_{g}": v for g, v in result["groups"].items()}
-        self.keep_if_best(result[m])
+        if on_grid:  # an evaluation off the grid feeds nothing (docs/runs.md §1)
+            self.keep_if_best(result[m])
         if on_grid and config.optim.schedule == "plateau":
             self.plateau(result["loss"])
         if on_grid:

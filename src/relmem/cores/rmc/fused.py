@@ -25,7 +25,7 @@ with it over every option, forward and backward, states included.
 
 The operators are compiled on first use with ``torch.utils.cpp_extension`` (a C++ compiler and
 ``ninja`` are needed; the build is cached under torch's extensions root, ``TORCH_EXTENSIONS_DIR``
-or ``~/.cache/torch_extensions``, one folder per Python and torch version; see
+or ``~/.cache/torch_extensions``, one folder per Python and torch version and installation; see
 :func:`build_directory`). CPU only.
 """
 
@@ -49,7 +49,7 @@ _SOURCE = Path(__file__).with_name("csrc") / "fused_step.cpp"
 
 
 def load_fused_ops() -> None:
-    """Compile (once per machine and source) and load the fused step's operators.
+    """Compile (once per installation and source) and load the fused step's operators.
 
     Raises:
         RuntimeError: the build failed, with the compiler's reason and the way out. A failed
@@ -66,8 +66,9 @@ def load_fused_ops() -> None:
 
 def build_directory() -> Path:
     """Where the operators are built and cached: under torch's extensions root
-    (``TORCH_EXTENSIONS_DIR``, else ``~/.cache/torch_extensions``), a folder per Python and
-    torch version (torch's own cache keys on the sources and flags, not on its version)."""
+    (``TORCH_EXTENSIONS_DIR``, else ``~/.cache/torch_extensions``), a folder per Python version,
+    torch version (torch's own cache keys on the sources and flags, not on its version) and
+    installation (the source file's absolute path)."""
     from torch.utils import cpp_extension
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()

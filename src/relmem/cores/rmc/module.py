@@ -768,6 +768,6 @@ def prefer_fused(model: nn.Module, device: torch.device) -> str | None:
     if took < 2.0:  # loaded from the build cache
         return None
     return (
-        f"built the RMC's fused CPU step in {took:.0f} s (once per machine; "
+        f"built the RMC's fused CPU step in {took:.0f} s (once per installation; "
         "--rmc.implementation fast runs the plain fast path)"
     )
