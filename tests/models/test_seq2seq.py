@@ -132,3 +132,20 @@ def test_an_empty_program_keeps_the_initial_state_beside_others(name: str):
     for row in range(3):
         alone, _ = model(inputs[row : row + 1])
         torch.testing.assert_close(logits[row : row + 1], alone, atol=1e-6, rtol=1e-5)
+
+
+def test_the_convlstm_gates_are_input_forget_cell_output() -> None:
+    """The convolution's four output groups are i, f, g, o, as documented (swapping i and f
+    only relabels channels under random weights, so no learning test sees it; loaded weights
+    would mean something else)."""
+    from relmem.models.convlstm import ConvLSTMCore
+
+    core = ConvLSTMCore(1, channels=1, kernel_size=1, height=1, width=1)
+    with torch.no_grad():
+        core.gates.weight.zero_()
+        core.gates.bias.copy_(torch.tensor([20.0, -20.0, 0.5, 20.0]))  # i open, f shut, g, o
+    state = core.initial_state(1)
+    state = type(state)(state.h, torch.full_like(state.c, 3.0))
+    _, new = core.step(torch.zeros(1, 1), state)
+    # c' = σ(f)·c + σ(i)·tanh(g) = 0·3 + 1·tanh(0.5)
+    torch.testing.assert_close(new.c.flatten(), torch.tanh(torch.tensor([0.5])), atol=1e-6, rtol=0)

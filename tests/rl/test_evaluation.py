@@ -116,3 +116,16 @@ def test_greedy_takes_the_likeliest_action_and_sampling_does_not() -> None:
     sampled = evaluate(CounterEnv, policy, episodes=64, seed=3)
     assert greedy.mean_return == greedy.mean_length
     assert sampled.mean_return < 0.75 * sampled.mean_length
+
+
+def test_the_standard_errors_are_the_documented_formulas(monkeypatch) -> None:
+    """Return: sample standard deviation (ddof 1) / sqrt(n); solve rate: sqrt(p(1-p)/n). The
+    statistical checks' 4-sigma bounds let ddof 0 or n - 1 through (a mutation audit)."""
+    import relmem.rl.evaluation as evaluation
+
+    returns = np.array([0.0, 1.0, 2.0, 5.0])
+    solved = np.array([True, False, False, False])
+    monkeypatch.setattr(evaluation, "_play", lambda *args: (returns, np.full(4, 3), solved))
+    result = evaluate(CounterEnv, None, episodes=4, seed=0, batch_size=4)
+    assert math.isclose(result.return_stderr, returns.std(ddof=1) / 2, rel_tol=1e-12)
+    assert math.isclose(result.solve_stderr, math.sqrt(0.25 * 0.75 / 4), rel_tol=1e-12)

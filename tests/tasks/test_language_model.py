@@ -535,3 +535,38 @@ def test_epoch_presets_evaluate_once_per_epoch(
     rows = batchify(torch.zeros(tokens, dtype=torch.int32), batch)
     epoch = num_windows(rows.shape[1], config.task.bptt)
     assert config.eval_every == epoch and config.steps == epochs * epoch
+
+
+class _FixedLogits(torch.nn.Module):
+    """A 'language model' whose next-token log-probabilities are always ``log_probs``."""
+
+    def __init__(self, log_probs: torch.Tensor) -> None:
+        super().__init__()
+        self.zero = torch.nn.Parameter(torch.zeros(()))
+        self.log_probs = log_probs
+
+    def forward(self, ids: torch.Tensor, state: object) -> tuple[torch.Tensor, object]:
+        return self.log_probs.expand(1, ids.shape[1], -1) + self.zero, state
+
+
+def test_temperature_divides_the_log_probabilities_once(monkeypatch) -> None:
+    """At temperature 2 the sampled distribution is softmax(log p / 2) (dividing twice passed
+    the tests of temperature 0 and of a tiny one)."""
+    log_probs = torch.tensor([0.6, 0.3, 0.1]).log()
+    seen = []
+    real = torch.multinomial
+
+    def spy(probs, count, generator=None):
+        seen.append(probs.clone())
+        return real(probs, count, generator=generator)
+
+    monkeypatch.setattr(torch, "multinomial", spy)
+    generate(
+        _FixedLogits(log_probs), torch.tensor([0]), 1, temperature=2.0, generator=torch.Generator()
+    )
+    torch.testing.assert_close(seen[0][0], (log_probs / 2).softmax(-1))
+
+
+def test_top_p_stops_once_the_mass_is_reached_exactly() -> None:
+    """Four tokens of probability exactly 1/4: two reach p = 1/2, and the third is dropped."""
+    assert int(torch.isfinite(filter_top_p(torch.zeros(1, 4), 0.5)).sum()) == 2

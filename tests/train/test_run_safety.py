@@ -440,3 +440,13 @@ def test_a_model_option_edited_in_config_json_is_refused_at_resume(run_dir: Path
     err = " ".join(capsys.readouterr().err.split())
     assert "was trained with rmc.forget_bias = 1.0" in err and "now says 50.0" in err
     assert path.read_text() == before
+
+
+def test_a_resume_cuts_the_record_right_after_its_step(tmp_path: Path) -> None:
+    """Records at steps 9..12 resumed at 10 keep 9 and 10 exactly (a cut one record late was
+    caught only by the slow kill-and-resume comparison)."""
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": step}) + "\n" for step in (9, 10, 11, 12)]
+    path.write_text("".join(lines))
+    JsonlLogger(path, resume_step=10).close()
+    assert path.read_text() == "".join(lines[:2])
