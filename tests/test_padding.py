@@ -106,3 +106,27 @@ def test_padding_is_inert_in_every_model(name: str, output: str) -> None:
     config = get_model(name).config_cls(**TINY_MODELS.get(name, {}))
     model = build_core_model(name, config, HeadConfig((8,)), spec)
     assert_inert(model, torch.randn(B, T, F))
+
+
+@pytest.mark.parametrize("name", sorted(CORES))
+def test_the_state_after_lengths_is_each_example_run_alone(name: str) -> None:
+    """Padding also stops the state: each example's final state is the one its valid prefix
+    gives alone (the inertness checks above pass a loop that let padded steps update the state,
+    as long as padding held zeros)."""
+    torch.manual_seed(0)
+    module = CORES[name]()
+    inputs = torch.randn(B, T, F)
+    with torch.no_grad():
+        _, state = module(inputs, lengths=LENGTHS)
+        for b, length in enumerate(LENGTHS.tolist()):
+            _, alone = module(inputs[b : b + 1, :length])
+            together = [leaf[b : b + 1] for leaf in state_leaves(state)]  # batch-leading
+            for got, want in zip(together, state_leaves(alone), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def state_leaves(state: object) -> list[Tensor]:
+    """The tensors of a (nested) state, in order."""
+    leaves: list[Tensor] = []
+    map_state(leaves.append, state)
+    return leaves
