@@ -53,6 +53,16 @@ def check_int(
     return number
 
 
+def check_ints(owner: str | None, /, **values: Any) -> None:
+    """:func:`check_int` (minimum 1) of each named value, in order.
+
+    Raises:
+        ValueError: for the first that is not an integer >= 1, as :func:`check_int`.
+    """
+    for name, value in values.items():
+        check_int(name, value, owner=owner)
+
+
 def check_bool(name: str, value: Any, *, owner: str | None = None) -> bool:
     """``value`` if it is a ``bool`` (a flag given as 1 or "yes" is refused, not guessed at).
 

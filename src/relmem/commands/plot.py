@@ -230,7 +230,7 @@ def _plot_supervised(
         title = f"{task_name} / {config.model} ({args.run_dir})"
         plot_curves(records, curves, title, task.plot_levels(), task.metric, task.extra_metrics)
         print(f"written {curves}")
-    code = 0 if trained is None else _attention(args, out, config, task_name, task, *trained)
+    code = 0 if trained is None else _attention(args, out, task, *trained)
     if curves_error is not None:
         return _error(f"no learning curves: {curves_error}")
     return code
@@ -271,8 +271,6 @@ def _error(message: str) -> int:
 def _attention(
     args: PlotArgs,
     out: Path,
-    config: TrainConfig,
-    task_name: str,
     task: Task,
     model: SequenceModel,
     ckpt: Path,

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from relmem.cores.base import finish_sequence, prepare_sequence, run_cell_loop
 from relmem.models.registry import register_model
-from relmem.validation import check_at_least, check_int
+from relmem.validation import check_at_least, check_ints
 
 
 def same_padding(kernel_size: int) -> tuple[int, int, int, int]:
@@ -92,14 +92,14 @@ class ConvLSTMCore(nn.Module):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        for arg, value in (
-            ("input_size", input_size),
-            ("channels", channels),
-            ("kernel_size", kernel_size),
-            ("height", height),
-            ("width", width),
-        ):
-            check_int(arg, value, owner=name)
+        check_ints(
+            name,
+            input_size=input_size,
+            channels=channels,
+            kernel_size=kernel_size,
+            height=height,
+            width=width,
+        )
         cells = height * width
         if input_size % cells:
             raise ValueError(

@@ -51,7 +51,7 @@ from torchrl.modules import recurrent_mode
 from relmem.cores.rmc import Implementation, RelationalMemory, RMCConfig
 from relmem.models.convlstm import ConvLSTMCore, same_padding
 from relmem.rl import keys
-from relmem.validation import check_choice, check_int
+from relmem.validation import check_choice, check_int, check_ints
 
 __all__ = ["CellEncoder", "ConvLSTMModule", "RMCModule", "RecurrentCoreModule"]
 
@@ -83,8 +83,7 @@ class CellEncoder(nn.Module):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        check_int("in_channels", in_channels, owner=name)
-        check_int("kernel_size", kernel_size, owner=name)
+        check_ints(name, in_channels=in_channels, kernel_size=kernel_size)
         if isinstance(conv_channels, (int, str)) or not conv_channels:
             raise ValueError(
                 f"{name}: conv_channels must be a sequence of one or more widths, got "

@@ -211,6 +211,22 @@ def record_invocation(
     write_json(path, record)
 
 
+def read_json_object(path: Path, *, not_an_object: type[Exception]) -> dict[str, Any]:
+    """The JSON object in ``path``.
+
+    Raises:
+        ValueError: the file cannot be read or is not JSON (naming it).
+        not_an_object: it holds JSON other than an object.
+    """
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise not_an_object(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
 def record_data_identity(run_dir: Path, task: Task) -> None:
     """Write ``task.data_identity()`` to ``RUN_DIR/data.json`` (nothing when it is empty)."""
     identity = task.data_identity()
@@ -230,12 +246,7 @@ def check_data_identity(run_dir: Path, task: Task) -> None:
     path = Path(run_dir) / DATA_FILE
     if not path.exists():
         return
-    try:
-        recorded = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(recorded, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(recorded).__name__}")
+    recorded = read_json_object(path, not_an_object=ValueError)
     now = task.data_identity()
     if recorded == now:
         return
@@ -266,12 +277,7 @@ def load_run_config(run_dir: Path) -> tuple[str, TrainConfig]:
         raise FileNotFoundError(f"{run_dir} does not exist")
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a relmem run directory?")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise TypeError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    data = read_json_object(path, not_an_object=TypeError)
     task_name = data.pop("task_name", None)
     if not isinstance(task_name, str):
         raise ValueError(f"{path}: task_name must be a string naming a task, got {task_name!r}")

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relmem.cores.base import check_state_tensor
-from relmem.validation import check_factory, check_float, check_int
+from relmem.validation import check_factory, check_float, check_ints
 
 ControllerKind = Literal["lstm", "gru"]
 ControllerState = tuple[Any, ...]
@@ -80,12 +80,7 @@ class Controller(nn.Module):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        for arg, value in (
-            ("input_size", input_size),
-            ("hidden_size", hidden_size),
-            ("num_layers", num_layers),
-        ):
-            check_int(arg, value, owner=name)
+        check_ints(name, input_size=input_size, hidden_size=hidden_size, num_layers=num_layers)
         if kind not in ("lstm", "gru"):
             raise ValueError(f"{name}: kind must be 'lstm' or 'gru', got {kind!r}")
         forget_bias = check_float("forget_bias", forget_bias, owner=name)

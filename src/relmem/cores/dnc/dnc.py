@@ -31,7 +31,7 @@ from relmem.cores.dnc.memory import (
     LinkKind,
     check_memory_options,
 )
-from relmem.validation import check_bool, check_factory, check_float, check_int
+from relmem.validation import check_bool, check_factory, check_float, check_int, check_ints
 
 
 class DNCState(NamedTuple):
@@ -182,12 +182,7 @@ class DNCCell(nn.Module):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        for arg, value in (
-            ("input_size", input_size),
-            ("hidden_size", hidden_size),
-            ("num_layers", num_layers),
-        ):
-            check_int(arg, value, owner=name)
+        check_ints(name, input_size=input_size, hidden_size=hidden_size, num_layers=num_layers)
         check_int("output_size", output_size, owner=name, optional=True)
         memory_options = {
             "memory_size": memory_size,
