@@ -220,18 +220,6 @@ class Trainer:
 
         resume = None if config.resume is None else ckpt_io.resolve_checkpoint(config.resume)
         saved = None if resume is None else ckpt_io.load_train_state(resume)
-        self.config_dict = {"task_name": task_name, **config_to_dict(config)}
-        if saved is not None and "config" in saved:  # config.json edited since the checkpoint?
-            # before the model is built: an edited size would fail as a weight-shape mismatch
-            trained_config = json.loads(saved["config"])
-            difference = fixed_difference(trained_config, self.config_dict, place=False)
-            if difference is not None:
-                option, trained, now = difference
-                raise ValueError(
-                    f"{resume} was trained with {option} = {trained!r}, and the run's "
-                    f"config.json now says {now!r}: it was changed since; restore it (a "
-                    "resumed run keeps its model)"
-                )
         self.task = get_task(task_name).build(config.task)
         self.metric = self.task.metric
         if max_parameters is not None:
@@ -266,6 +254,17 @@ class Trainer:
         if info.enabled:
             ids = [device.index] if device.type == "cuda" else None
             self.wrapped = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+        self.config_dict = {"task_name": task_name, **config_to_dict(config)}
+        if saved is not None and "config" in saved:  # config.json edited since the checkpoint?
+            trained_config = json.loads(saved["config"])
+            difference = fixed_difference(trained_config, self.config_dict, place=False)
+            if difference is not None:
+                option, trained, now = difference
+                raise ValueError(
+                    f"{resume} was trained with {option} = {trained!r}, and the run's "
+                    f"config.json now says {now!r}: it was changed since; restore it (a "
+                    "resumed run keeps its model)"
+                )
         self.lock: RunLock | None = None  # rank 0's lock on the run directory
         # before anything is written: a held-out set the data cannot fill fails here
         self.held_out = self.task.held_out(device)
