@@ -130,6 +130,22 @@ def test_cache_is_used_without_pickle_and_rebuilt_when_a_file_changes(
     assert "deep" in changed.vocab
 
 
+def test_the_cache_is_keyed_on_content_not_size_and_time(sample: Path) -> None:
+    """An edit that keeps a file's size and modification time was read stale from the cache
+    while they were its key."""
+    first = load_corpus(sample)
+    path = sample / "wiki.valid.tokens"
+    stat = path.stat()
+    text = path.read_text(encoding="utf-8")
+    edited = text.replace("The", "Thy", 1)
+    assert edited != text and len(edited.encode()) == stat.st_size
+    path.write_text(edited, encoding="utf-8")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    again = load_corpus(sample)
+    assert "Thy" in again.vocab and "Thy" not in first.vocab
+
+
 @pytest.mark.parametrize(
     "damage",
     ["manifest a list", "manifest without sha1", "vocabulary cut short", "2-D stream"],

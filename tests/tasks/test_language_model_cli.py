@@ -159,6 +159,19 @@ def test_a_changed_vocabulary_is_refused_by_eval_generate_and_resume(
     assert cli.main(["eval", str(run_dir)]) == 0
 
 
+def test_a_missing_data_json_is_named_by_eval(tmp_path: Path, capsys) -> None:
+    """Without ``data.json`` the vocabulary check is skipped: eval says so (it said nothing,
+    and a reordered corpus evaluated with moved ids)."""
+    data = write_sample(tmp_path / "data", "txt")
+    assert cli.main(train_args(data, tmp_path, "run", "--steps", "3")) == 0
+    run_dir = tmp_path / "run"
+    (run_dir / "data.json").unlink()
+    capsys.readouterr()
+    assert cli.main(["eval", str(run_dir)]) == 0
+    err = capsys.readouterr().err
+    assert f"{run_dir / 'data.json'} is missing, so the data cannot be checked" in err
+
+
 def test_missing_split_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
     data = write_sample(tmp_path / "data", "txt")
     (data / "valid.txt").unlink()

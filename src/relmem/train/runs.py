@@ -236,8 +236,9 @@ def record_data_identity(run_dir: Path, task: Task) -> None:
 
 def check_data_identity(run_dir: Path, task: Task) -> None:
     """Refuse ``task``'s data when it differs from what the run recorded in ``data.json``
-    (:meth:`~relmem.tasks.base.Task.data_identity`). A run without the file (one that
-    predates it, or a task that records nothing) is not checked.
+    (:meth:`~relmem.tasks.base.Task.data_identity`). A run without the file cannot be
+    checked: nothing to say for a task that records nothing, a warning on stderr for one that
+    does (a run that predates the file, or one whose file was removed).
 
     Raises:
         ValueError: the identities differ (naming each differing entry, recorded and now) or
@@ -245,6 +246,13 @@ def check_data_identity(run_dir: Path, task: Task) -> None:
     """
     path = Path(run_dir) / DATA_FILE
     if not path.exists():
+        if task.data_identity():
+            print(
+                f"relmem: warning: {path} is missing, so the data cannot be checked against "
+                "what the run trained on (a corpus whose lines were reordered would be read "
+                "with moved ids); restore the file, or make sure the data is the run's",
+                file=sys.stderr,
+            )
         return
     recorded = read_json_object(path, not_an_object=ValueError)
     now = task.data_identity()
