@@ -103,6 +103,19 @@ def test_plot_examples_0_draws_the_curves_without_a_checkpoint(tiny, tmp_path: P
     assert (plots / "curves.png").stat().st_size > 0 and not list(plots.glob("attention_*"))
 
 
+def test_plot_refuses_a_metrics_file_with_nothing_to_draw(tiny, tmp_path: Path, capsys) -> None:
+    """A metrics.jsonl whose only line does not parse (read as a torn last line) gave an empty
+    curves.png and status 0."""
+    run(tiny(steps=10, checkpoint_every=10), "nth-farthest")
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    metrics.write_text("{not json\n")
+    capsys.readouterr()
+    assert cli.main(["plot", str(tmp_path / "run"), "--examples", "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"{metrics} holds no complete record to draw (its only line does not parse)" in err
+    assert not (tmp_path / "run" / "plots" / "curves.png").exists()
+
+
 def test_an_interrupt_is_one_line_and_status_130(monkeypatch, capsys) -> None:
     """Ctrl-C while a command starts (its imports take seconds) or a second one while training
     (the first finishes the step and checkpoints) printed a KeyboardInterrupt traceback."""

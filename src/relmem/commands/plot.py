@@ -221,7 +221,7 @@ def _plot_supervised(
     checkpoint directory), the attention maps; status 2 when the metrics cannot be read (the
     maps are drawn all the same)."""
     try:
-        records = read_metrics(Path(args.run_dir) / "metrics.jsonl")
+        records = _records(Path(args.run_dir))
     except (OSError, MetricsFileError) as exc:  # the attention maps need no metrics
         curves_error: str | None = describe_error(exc, "--checkpoint")
     else:
@@ -241,7 +241,7 @@ def _plot_rl(args: PlotArgs, out: Path, task_name: str, config: TrainConfig) -> 
     from relmem.rl.runs import plot_curves as plot_rl_curves
 
     try:
-        records = read_metrics(Path(args.run_dir) / "metrics.jsonl")
+        records = _records(Path(args.run_dir))
     except (OSError, MetricsFileError) as exc:
         return _error(describe_error(exc, "--checkpoint"))
     curves = out / "curves.png"
@@ -250,6 +250,22 @@ def _plot_rl(args: PlotArgs, out: Path, task_name: str, config: TrainConfig) -> 
     plot_rl_curves(records, curves, title, solvable)
     print(f"written {curves}")
     return 0
+
+
+def _records(run_dir: Path) -> list[dict[str, Any]]:
+    """The complete records of ``run_dir``'s ``metrics.jsonl``, at least one.
+
+    Raises:
+        OSError: the file cannot be read.
+        MetricsFileError: it is damaged, or holds no complete record (there would be nothing
+            to draw: an empty ``curves.png`` and status 0 said nothing was wrong).
+    """
+    path = run_dir / "metrics.jsonl"
+    records = read_metrics(path)
+    if not records:
+        why = "its only line does not parse" if path.read_bytes().strip() else "it is empty"
+        raise MetricsFileError(f"{path} holds no complete record to draw ({why})")
+    return records
 
 
 def _no_maps(args: PlotArgs, config: TrainConfig, task: Task) -> str | None:
