@@ -35,21 +35,29 @@ def as_int(value: Any) -> int | None:
 
 
 def check_int(
-    name: str, value: Any, minimum: int = 1, *, owner: str | None = None, optional: bool = False
+    name: str,
+    value: Any,
+    minimum: int = 1,
+    *,
+    owner: str | None = None,
+    optional: bool = False,
+    maximum: int | None = None,
 ) -> int | None:
-    """``value`` as an ``int`` if it is an integer (:func:`as_int`) ``>= minimum`` (or None, if
-    ``optional``).
+    """``value`` as an ``int`` if it is an integer (:func:`as_int`) ``>= minimum`` (and
+    ``<= maximum`` when given; or None, if ``optional``).
 
     Raises:
         ValueError: ``"{owner}: {name} must be an integer >= {minimum}, got {value!r}"``
-        (``"must be None or an integer"`` when ``optional``).
+        (``"must be None or an integer"`` when ``optional``; ``"in {minimum}..{maximum}"``
+        when bounded).
     """
     if optional and value is None:
         return None
     number = as_int(value)
-    if number is None or number < minimum:
+    if number is None or number < minimum or (maximum is not None and number > maximum):
         kind = "None or an integer" if optional else "an integer"
-        raise ValueError(f"{_prefix(owner)}{name} must be {kind} >= {minimum}, got {value!r}")
+        bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        raise ValueError(f"{_prefix(owner)}{name} must be {kind} {bound}, got {value!r}")
     return number
 
 
@@ -112,6 +120,20 @@ def check_at_least(prefix: str, config: object, **minimums: float) -> None:
         if value is not None and not value >= minimum:
             raise ValueError(f"{prefix}{name} must be >= {minimum}, got {value}")
         _check_finite(prefix, name, value)
+
+
+def check_at_most(prefix: str, config: object, note: str = "", **maximums: float) -> None:
+    """Each named field of ``config`` is ``<=`` its maximum (None, an unset optional field,
+    passes): for sizes whose cost grows without bound.
+
+    Raises:
+        ValueError: ``"{prefix}{field} must be <= {maximum}{note}, got {value}"`` for the first
+        one that is not.
+    """
+    for name, maximum in maximums.items():
+        value = getattr(config, name)
+        if value is not None and value > maximum:
+            raise ValueError(f"{prefix}{name} must be <= {maximum}{note}, got {value}")
 
 
 def check_positive(prefix: str, config: object, *names: str) -> None:

@@ -288,12 +288,22 @@ def test_sample_is_a_pure_function_of_the_generator() -> None:
     ("call", "message"),
     [
         (lambda: generate("division", 5, 2, 1, 0), "generate: task must be one of 'addition'"),
-        (lambda: generate("addition", 0, 2, 1, 0), "generate: length must be an integer >= 1"),
-        (lambda: generate("addition", 5, 0, 1, 0), "generate: nesting must be an integer >= 1"),
+        (lambda: generate("addition", 0, 2, 1, 0), "generate: length must be an integer in 1..100"),
+        (
+            lambda: generate("addition", 5, 0, 1, 0),
+            "generate: nesting must be an integer in 1..100",
+        ),
+        # a literal of 100000 digits failed in Python's integer-string conversion, unnamed
+        (lambda: generate("addition", 100_000, 2, 1, 0), "length must be an integer in 1..100"),
         (lambda: generate("copy", 5, 4, 1, 0), "nesting must be 1 for the memorisation task"),
         (lambda: generate("copy", 5, 1, -1, 0), "generate: n must be an integer >= 0"),
         (lambda: LearnToExecuteConfig(task_type="x"), "task.task_type must be one of 'addition'"),
         (lambda: LearnToExecuteConfig(max_length=0), "task.max_length must be >= 1"),
+        (
+            lambda: LearnToExecuteConfig(max_length=100_000),
+            "task.max_length must be <= 100 (the paper's L and N are 5 and 2), got 100000",
+        ),
+        (lambda: LearnToExecuteConfig(max_nesting=101), "task.max_nesting must be <= 100"),
         (
             lambda: LearnToExecuteConfig(task_type="double", max_nesting=4),
             "task.max_nesting must be 1 for the memorisation task 'double', got 4",

@@ -20,6 +20,7 @@ from relmem.train.loop import run
         (["nth-farthest", "--batch-size", "0"], "batch_size must be >= 1"),
         (["nth-farthest", "--optim.lr", "-1"], "optim.lr must be > 0"),
         (["nth-farthest", "--task.num-objects", "1"], "task.num_objects must be >= 2"),
+        (["lte", "--task.max-length", "100000"], "task.max_length must be <= 100"),
         (["nth-farthest", "--device", "cpu", "--bf16"], "bf16 autocast needs a CUDA device"),
         (["nth-farthest", "--resume", "/nonexistent/run"], "/nonexistent/run does not exist"),
         (["nth-farthest", "--preset", "paper", "--resume", "x"], "exclude each other"),

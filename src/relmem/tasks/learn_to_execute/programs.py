@@ -65,6 +65,13 @@ TASK_NAMES: tuple[str, ...] = tuple(TASKS)
 MEMORISATION: tuple[str, ...] = ("copy", "reverse", "double")
 
 
+# The largest literal length and nesting accepted (the paper's are 5 and 2; Fig. 8 goes to 6
+# and 3). Programs at L = 100, N = 2 are 520 characters; far beyond, a literal of L digits
+# outgrows Python's integer-string conversion (4300 digits) and the inputs any core can read.
+MAX_LENGTH = 100
+MAX_NESTING = 100
+
+
 def check_task(task: str, length: int, nesting: int, *, owner: str = "generate") -> None:
     """Reject an unknown task, a length or nesting below 1, and nesting above 1 for the
     memorisation tasks (their code would gain parentheses; ``docs/tasks.md`` §2.1).
@@ -73,8 +80,8 @@ def check_task(task: str, length: int, nesting: int, *, owner: str = "generate")
         ValueError: naming the argument and what is allowed.
     """
     check_choice("task", task, TASK_NAMES, owner=owner)
-    check_int("length", length, 1, owner=owner)
-    check_int("nesting", nesting, 1, owner=owner)
+    check_int("length", length, 1, owner=owner, maximum=MAX_LENGTH)
+    check_int("nesting", nesting, 1, owner=owner, maximum=MAX_NESTING)
     if task in MEMORISATION and nesting != 1:
         raise ValueError(
             f"{owner}: nesting must be 1 for the memorisation task {task!r}, got {nesting}"

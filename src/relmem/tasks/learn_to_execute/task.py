@@ -26,6 +26,8 @@ from relmem.tasks.base import Batch, Measure, MetricSpec, Task, derive_seed
 from relmem.tasks.learn_to_execute import vocabulary as vocab
 from relmem.tasks.learn_to_execute.curriculum import CURRICULA, Curriculum
 from relmem.tasks.learn_to_execute.programs import (
+    MAX_LENGTH,
+    MAX_NESTING,
     MEMORISATION,
     TASK_NAMES,
     generate,
@@ -33,7 +35,7 @@ from relmem.tasks.learn_to_execute.programs import (
     sequence_lengths,
 )
 from relmem.tasks.registry import register_task
-from relmem.validation import check_at_least, check_choice, check_positive
+from relmem.validation import check_at_least, check_at_most, check_choice, check_positive
 
 TaskType = Literal[
     "addition", "control", "program", "algebra", "alg-ctrl", "copy", "reverse", "double"
@@ -84,6 +86,8 @@ class LearnToExecuteConfig:
     def __post_init__(self) -> None:
         check_choice("task.task_type", self.task_type, TASK_NAMES)
         check_at_least("task.", self, max_length=1, max_nesting=1, min_tries=1)
+        note = " (the paper's L and N are 5 and 2)"
+        check_at_most("task.", self, note, max_length=MAX_LENGTH, max_nesting=MAX_NESTING)
         check_at_least("task.", self, test_size=1, breakdown_size=1)
         if self.task_type in MEMORISATION and self.max_nesting != 1:
             raise ValueError(
