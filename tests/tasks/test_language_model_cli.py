@@ -172,6 +172,15 @@ def test_a_missing_data_json_is_named_by_eval(tmp_path: Path, capsys) -> None:
     assert f"{run_dir / 'data.json'} is missing, so the data cannot be checked" in err
 
 
+def test_a_data_dir_that_is_a_file_is_named_so(tmp_path: Path, capsys) -> None:
+    """It said the directory did not exist."""
+    data = write_sample(tmp_path / "data", "txt")
+    assert cli.main(train_args(data / "train.txt", tmp_path, "run")) == 2
+    err = capsys.readouterr().err
+    assert f"data directory {data / 'train.txt'} is a file, not a directory" in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_missing_split_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
     data = write_sample(tmp_path / "data", "txt")
     (data / "valid.txt").unlink()

@@ -128,6 +128,11 @@ def find_split_files(data_dir: Path) -> dict[str, Path]:
         CorpusError: the directory is missing, holds neither layout, or lacks a split.
     """
     data_dir = Path(data_dir)
+    if data_dir.exists() and not data_dir.is_dir():
+        raise CorpusError(
+            f"data directory {data_dir} is a file, not a directory; pass the directory that "
+            f"holds it ({data_dir.parent}) and its two companion splits"
+        )
     if not data_dir.is_dir():
         raise CorpusError(
             f"data directory {data_dir} does not exist; it must hold wiki.train.tokens, "
