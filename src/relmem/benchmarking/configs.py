@@ -56,13 +56,15 @@ CONFIGS: dict[str, BenchConfig] = {
         },
         (100, 64),
         (100, 64),
-        "L0SG/relational-rnn-pytorch WikiText-2 core (docs/targets.md §3.2): batch 64 x BPTT 100",
+        "L0SG/relational-rnn-pytorch WikiText-2 core (docs/targets.md §3.2, "
+        "`relmem docs targets 3.2`): batch 64 x BPTT 100",
     ),
     "nth_farthest": BenchConfig(
         {"input_size": 40, "mem_slots": 8, "head_size": 32, "num_heads": 8},
         (8, 1600),
         (8, 64),
-        "paper Nth Farthest preset (docs/tasks.md §1): 8 vectors, batch 1600",
+        "paper Nth Farthest preset (docs/tasks.md §1, `relmem docs tasks 1`): 8 vectors, "
+        "batch 1600",
     ),
     "lte": BenchConfig(
         {
@@ -74,7 +76,8 @@ CONFIGS: dict[str, BenchConfig] = {
         },
         (67, 128),
         (67, 8),
-        "paper Learning-to-Execute preset (docs/tasks.md §2): 57 + 10 steps, batch 128",
+        "paper Learning-to-Execute preset (docs/tasks.md §2, `relmem docs tasks 2`): "
+        "57 + 10 steps, batch 128",
     ),
     "lm_paper": BenchConfig(
         {
@@ -86,6 +89,7 @@ CONFIGS: dict[str, BenchConfig] = {
         },
         (100, 64),
         (10, 8),
-        "paper language-model core (docs/tasks.md §3.4): M=2500, 76 M parameters, BPTT 100",
+        "paper language-model core (docs/tasks.md §3.4, `relmem docs tasks 3.4`): M=2500, "
+        "76 M parameters, BPTT 100",
     ),
 }

@@ -76,7 +76,8 @@ def parse(argv: list[str]) -> tuple[str, TrainConfig, int]:
             f"Train a model on {task_name}. --preset NAME picks the base config ({presets}; "
             f"default: {default_preset(task_name).name}); --resume RUN_DIR continues a run "
             "with its own config; --max-parameters N refuses larger models (default "
-            f"{MAX_PARAMETERS:,}). The options below override either."
+            f"{MAX_PARAMETERS:,}). The options below override either; the docs/PAGE.md §N they "
+            "cite: `relmem docs PAGE N`."
         ),
     )
     if known.resume is not None:

@@ -57,7 +57,8 @@ class RLTrainer(Trainer):
         if info.enabled:
             raise ValueError(
                 f"{task_name} trains in one process; run it without torchrun and scale "
-                "collection with --task.algorithm impala --task.collectors N (docs/rl.md §4)"
+                "collection with --task.algorithm impala --task.collectors N (docs/rl.md §4, "
+                "`relmem docs rl 4`)"
             )
         learner = config.task
         if learner.algorithm == "ppo" and learner.minibatches > config.batch_size:

@@ -100,10 +100,10 @@ def how_to_get(name: str) -> str:
         else ""
     )
     return (
-        f"Get {name}-v1.zip (Salesforce Research; see docs/tasks.md §3.6) and unzip it so that "
-        f"{folder}/wiki.train.tokens, wiki.valid.tokens and wiki.test.tokens exist (set "
-        f"{DATA_ENV} to use another folder than {folder.parent}), or pass --data-dir DIR "
-        f"for a directory holding them.{extra}"
+        f"Get {name}-v1.zip (Salesforce Research; see docs/tasks.md §3.6, `relmem docs tasks 3.6`) "
+        f"and unzip it so that {folder}/wiki.train.tokens, wiki.valid.tokens and wiki.test.tokens "
+        f"exist (set {DATA_ENV} to use another folder than {folder.parent}), or pass "
+        f"--data-dir DIR for a directory holding them.{extra}"
     )
 
 

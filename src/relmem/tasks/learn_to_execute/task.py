@@ -53,7 +53,8 @@ class LearnToExecuteConfig:
             'alg-ctrl', or the memorisation tasks 'copy', 'reverse', 'double'.
         max_length: L, the largest literal length (paper: 5).
         max_nesting: N, the largest nesting (paper: 2; 1 for the memorisation tasks).
-        curriculum: 'mix' (the paper's), 'baseline', 'naive' or 'combine' (§2.4).
+        curriculum: 'mix' (the paper's), 'baseline', 'naive' or 'combine'
+            (``docs/tasks.md`` §2.4).
         min_tries: evaluation losses before the curriculum may advance (reference: 10).
         threshold: advance when the relative loss trend is below it (reference: 0.1).
         abs_trend: compare the trend's absolute value with the threshold instead.
