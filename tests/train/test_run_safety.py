@@ -442,6 +442,42 @@ def test_a_model_option_edited_in_config_json_is_refused_at_resume(run_dir: Path
     assert path.read_text() == before
 
 
+@pytest.mark.parametrize(
+    ("section", "field", "value", "was"),
+    [
+        ("rmc", "forget_bias", 50.0, "1.0"),
+        ("rmc", "mem_slots", 3, None),
+        ("head", None, None, None),
+    ],
+    ids=["an option", "a size", "the head"],
+)
+def test_eval_and_plot_refuse_a_model_edited_in_config_json(
+    run_dir: Path, capsys, section: str, field: str | None, value: object, was: str | None
+):
+    """As a resume does (one copy of the check): an edited size failed as a weight-shape
+    mismatch that blamed model.safetensors, and an edited option (forget_bias) evaluated
+    another model on the weights without a word."""
+    path = run_dir / "config.json"
+    config = json.loads(path.read_text())
+    if field is None:  # the head's widths
+        config["head"]["hidden_sizes"] = [5]
+        option = "head.hidden_sizes"
+    else:
+        was = was or repr(config[section][field])
+        config[section][field] = value
+        option = f"{section}.{field}"
+    path.write_text(json.dumps(config))
+    capsys.readouterr()
+    for command in (["eval", str(run_dir)], ["plot", str(run_dir), "--examples", "1"]):
+        assert cli.main(command) == 2, command
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"was trained with {option} = " in err, (command, err)
+        assert "config.json now says" in err and "restore it" in err, err
+        assert "model.safetensors" not in err, err
+        if was is not None:
+            assert f"{option} = {was}," in err, err
+
+
 def test_a_resume_cuts_the_record_right_after_its_step(tmp_path: Path) -> None:
     """Records at steps 9..12 resumed at 10 keep 9 and 10 exactly (a cut one record late was
     caught only by the slow kill-and-resume comparison)."""

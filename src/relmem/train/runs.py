@@ -29,7 +29,7 @@ from relmem.env_info import device_name, git_sha
 from relmem.tasks.base import Task
 from relmem.tasks.registry import get_task
 from relmem.train import checkpoint as ckpt_io
-from relmem.train.config import TrainConfig, config_from_dict
+from relmem.train.config import TrainConfig, config_from_dict, config_to_dict, fixed_difference
 from relmem.train.distributed import DistInfo
 from relmem.train.lock import LOCK_FILE
 
@@ -272,6 +272,42 @@ def check_data_identity(run_dir: Path, task: Task) -> None:
     )
 
 
+def trained_config(run_dir: Path, ckpt: Path) -> dict[str, Any] | None:
+    """The config a run's checkpoint was trained with (``config_to_dict``'s form, with the
+    ``task_name``): from ``ckpt``'s training state, else (``checkpoints/best`` of a run before
+    it kept one) from the run's newest step checkpoint that holds it; None when none does.
+    Every checkpoint of a run has the same model (a resume cannot change it)."""
+    for candidate in (ckpt, *reversed(ckpt_io.list_checkpoints(run_dir))):
+        try:
+            state = ckpt_io.load_train_state(candidate)
+        except (ckpt_io.CheckpointError, OSError):
+            continue
+        if isinstance(state.get("config"), str):
+            return json.loads(state["config"])
+    return None
+
+
+def check_model_unchanged(
+    trained: dict[str, Any] | None, now: dict[str, Any], ckpt: Path, keep: str
+) -> None:
+    """Refuse ``config.json``'s model (``now``) when it differs from the one ``ckpt`` was
+    trained with (``trained``; None: not recorded, nothing to compare): an edited size failed
+    as a weight-shape mismatch that blamed the weights file, and an edited option such as
+    ``rmc.forget_bias`` loaded the weights into another model without a word.
+
+    Raises:
+        ValueError: naming the first differing option, both values and ``keep`` (why the
+            trained value must stay).
+    """
+    difference = None if trained is None else fixed_difference(trained, now, place=False)
+    if difference is not None:
+        option, before, after = difference
+        raise ValueError(
+            f"{ckpt} was trained with {option} = {before!r}, and the run's config.json now "
+            f"says {after!r}: it was changed since; restore it ({keep})"
+        )
+
+
 def load_run_config(run_dir: Path) -> tuple[str, TrainConfig]:
     """``(task_name, config)`` from ``RUN_DIR/config.json`` (strictly validated).
 
@@ -341,6 +377,12 @@ def load_trained(
             print(f"relmem: warning: {note}", file=sys.stderr)
     else:
         ckpt = ckpt_io.resolve_checkpoint(checkpoint)
+    check_model_unchanged(
+        trained_config(run_dir, ckpt),
+        {"task_name": task_name, **config_to_dict(config)},
+        ckpt,
+        "its weights are that model's",
+    )
     model = (build or build_model)(config, task).to(device)
     ckpt_io.load_weights(ckpt, model, device, verified=checkpoint is None)  # newest_intact's
     return config, task_name, task, model.eval(), ckpt

@@ -32,7 +32,7 @@ from relmem.models import count_parameters
 from relmem.tasks.base import Batch, derive_seed, step_generator
 from relmem.tasks.registry import get_task
 from relmem.train import checkpoint as ckpt_io
-from relmem.train.config import OptimConfig, TrainConfig, config_to_dict, fixed_difference
+from relmem.train.config import OptimConfig, TrainConfig, config_to_dict
 from relmem.train.distributed import (
     DistInfo,
     all_gather_rows,
@@ -47,6 +47,7 @@ from relmem.train.runs import (
     build_model,
     check_data_identity,
     check_model_size,
+    check_model_unchanged,
     new_run_dir,
     occupied,
     read_invocations,
@@ -256,15 +257,10 @@ class Trainer:
             self.wrapped = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         self.config_dict = {"task_name": task_name, **config_to_dict(config)}
         if saved is not None and "config" in saved:  # config.json edited since the checkpoint?
-            trained_config = json.loads(saved["config"])
-            difference = fixed_difference(trained_config, self.config_dict, place=False)
-            if difference is not None:
-                option, trained, now = difference
-                raise ValueError(
-                    f"{resume} was trained with {option} = {trained!r}, and the run's "
-                    f"config.json now says {now!r}: it was changed since; restore it (a "
-                    "resumed run keeps its model)"
-                )
+            trained = json.loads(saved["config"])
+            check_model_unchanged(
+                trained, self.config_dict, resume, "a resumed run keeps its model"
+            )
         self.lock: RunLock | None = None  # rank 0's lock on the run directory
         # before anything is written: a held-out set the data cannot fill fails here
         self.held_out = self.task.held_out(device)
@@ -649,6 +645,7 @@ class Trainer:
             record = {
                 "step": self.progress.step,
                 f"held_out_{self.metric.name}": self.progress.best_held_out,
+                "config": json.dumps(self.config_dict),  # what eval compares config.json with
             }
             ckpt_io.save_best(self.run_dir, self.progress.step, self.model, record)
         barrier(self.info)
