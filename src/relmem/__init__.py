@@ -6,7 +6,15 @@ Differentiable Neural Computer of Graves et al. 2016 (:class:`DNC`, :class:`DNCC
 :class:`DNCMemory`) with MemoReader's memory controller layer (:class:`MemoryControllerLayer`).
 """
 
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+
 from relmem import sonnet
+from relmem._version import __version__
 from relmem.cores import (
     DNC,
     DNCCell,
@@ -22,7 +30,21 @@ from relmem.cores import (
     detach_state,
 )
 
-__version__ = "0.1.0"
+
+def load_pretrained(
+    path_or_repo_id: str | os.PathLike[str],
+    *,
+    device: str | torch.device = "cpu",
+    max_parameters: int | None = None,
+    revision: str | None = None,
+) -> Pretrained:
+    """A model written by ``relmem export``, from its folder or (with the ``hub`` extra) a
+    Hugging Face Hub repository id: ``model, vocabulary, task_name, config =
+    relmem.load_pretrained(path)``. See :func:`relmem.pretrained.load_pretrained`."""
+    from relmem.pretrained import load_pretrained as load
+
+    return load(path_or_repo_id, device=device, max_parameters=max_parameters, revision=revision)
+
 
 __all__ = [
     "DNC",
@@ -38,5 +60,9 @@ __all__ = [
     "RelationalMemoryCell",
     "__version__",
     "detach_state",
+    "load_pretrained",
     "sonnet",
 ]
+
+if TYPE_CHECKING:
+    from relmem.pretrained import Pretrained

@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("relmem.commands.generate", "sample text from a trained language model"),
     "plot": ("relmem.commands.plot", "learning curves and RMC attention maps of a run (PNG)"),
     "play": ("relmem.commands.play", "render episodes of a trained RL agent (GIF or PNG strip)"),
+    "export": ("relmem.commands.export", "a trained model as a folder to share (and to the Hub)"),
     "bench": ("relmem.commands.bench", "time the RMC (reference, fast) against nn.LSTM; to JSON"),
     "docs": ("relmem.commands.docs", "the pages cited as docs/PAGE.md §N: relmem docs PAGE N"),
 }

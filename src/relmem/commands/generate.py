@@ -16,10 +16,14 @@ from typing import Annotated
 
 import torch
 import tyro
+from torch import nn
 
-from relmem.tasks.language_model import LanguageModel, generate
+from relmem.pretrained import load_pretrained
+from relmem.tasks.language_model import LanguageModel, LanguageModelConfig, generate
+from relmem.tasks.language_model.corpus import Corpus
 from relmem.train.checkpoint import CheckpointError
 from relmem.train.distributed import resolve_device
+from relmem.train.exported import is_exported
 from relmem.train.runs import load_trained
 
 
@@ -73,12 +77,15 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         device = resolve_device(args.device)
-        _, task_name, task, model, _ = load_trained(
-            args.run_dir, args.checkpoint, device, prefer_best=True
-        )
-        if not isinstance(task, LanguageModel):
-            raise ValueError(f"{args.run_dir} trained {task_name!r}, not a language model (lm)")
-        corpus = task.corpus
+        if is_exported(args.run_dir) and args.checkpoint is None:  # its vocabulary suffices
+            model, corpus = _exported(args.run_dir, device)
+        else:
+            _, task_name, task, model, _ = load_trained(
+                args.run_dir, args.checkpoint, device, prefer_best=True
+            )
+            if not isinstance(task, LanguageModel):
+                raise ValueError(f"{args.run_dir} trained {task_name!r}, not a language model (lm)")
+            corpus = task.corpus
         prompt = corpus.encode(args.prompt)
         if prompt.numel() == 0:  # start from a line break (<eos>, or the byte \n)
             prompt = corpus.encode("\n")
@@ -98,3 +105,17 @@ def main(argv: list[str]) -> int:
     separator = "" if corpus.tokenization == "byte" or not args.prompt else " "
     print(args.prompt + separator + corpus.decode(ids))
     return 0
+
+
+def _exported(folder: Path, device: torch.device) -> tuple[nn.Module, Corpus]:
+    """A language model exported by ``relmem export`` and a corpus holding only its
+    vocabulary (``vocab.json``): sampling needs no corpus files.
+
+    Raises:
+        ValueError: the folder holds another task's model, or is not a complete export.
+    """
+    model, vocabulary, task_name, config = load_pretrained(folder, device=device)
+    if not isinstance(config.task, LanguageModelConfig) or vocabulary is None:
+        raise ValueError(f"{folder} holds a model of {task_name!r}, not a language model (lm)")
+    empty = torch.zeros(0, dtype=torch.int64)
+    return model, Corpus(vocabulary, empty, empty, empty, config.task.tokenization)

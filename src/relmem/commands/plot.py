@@ -31,6 +31,7 @@ from relmem.tasks.base import ACCURACY, MetricSpec, Task
 from relmem.tasks.registry import get_task
 from relmem.train.checkpoint import CheckpointError
 from relmem.train.config import TrainConfig
+from relmem.train.exported import is_exported
 from relmem.train.metrics import MetricsFileError, read_metrics, series
 from relmem.train.runs import MAX_PARAMETERS, load_run_config, load_trained
 
@@ -220,6 +221,9 @@ def _plot_supervised(
     """``curves.png`` from ``metrics.jsonl`` and, given ``trained`` (the model and its
     checkpoint directory), the attention maps; status 2 when the metrics cannot be read (the
     maps are drawn all the same)."""
+    if is_exported(Path(args.run_dir)):  # its run keeps the metrics
+        print("no learning curves: an exported model keeps no metrics.jsonl (its run does)")
+        return 0 if trained is None else _attention(args, out, task, *trained)
     try:
         records = _records(Path(args.run_dir))
     except (OSError, MetricsFileError) as exc:  # the attention maps need no metrics

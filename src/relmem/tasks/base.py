@@ -319,6 +319,14 @@ class Task(ABC):
         that draws its data from the config alone) records nothing."""
         return {}
 
+    def export_vocabulary(self) -> list[str] | dict[str, list[str]] | None:
+        """The vocabulary to ship with the weights: the tokens of a task whose inputs are
+        token ids, in id order (token ``i`` is id ``i``), or several such lists by name (words
+        and characters); None (the default) for a task that reads no tokens. ``relmem export``
+        writes it to ``vocab.json`` and :func:`relmem.load_pretrained` returns it, so that the
+        model can be used without the task's data."""
+        return None
+
     def breakdown(self, device: torch.device) -> Batch | None:
         """A fixed set spanning the task's difficulty levels, with ``groups``, that
         ``relmem eval`` also reports group by group (None: the held-out set's groups are the

@@ -23,12 +23,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import relmem
 import relmem.models as models
+from relmem._version import __version__
 from relmem.env_info import device_name, git_sha
 from relmem.tasks.base import Task
 from relmem.tasks.registry import get_task
 from relmem.train import checkpoint as ckpt_io
+from relmem.train import exported
 from relmem.train.config import TrainConfig, config_from_dict, config_to_dict, fixed_difference
 from relmem.train.distributed import DistInfo
 from relmem.train.lock import LOCK_FILE
@@ -197,7 +198,7 @@ def record_invocation(
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "argv": list(sys.argv if argv is None else argv),
             "resume": None if config.resume is None else str(config.resume),
-            "relmem": relmem.__version__,
+            "relmem": __version__,
             "git_sha": git_sha(),
             "torch": torch.__version__,
             "python": platform.python_version(),
@@ -311,6 +312,10 @@ def check_model_unchanged(
 def load_run_config(run_dir: Path) -> tuple[str, TrainConfig]:
     """``(task_name, config)`` from ``RUN_DIR/config.json`` (strictly validated).
 
+    ``run_dir`` may also be a folder written by ``relmem export``
+    (:mod:`relmem.train.exported`): its ``config.json`` holds the task and the model, and the
+    training options take their defaults.
+
     Raises:
         FileNotFoundError: no ``config.json`` in ``run_dir``.
         ValueError / TypeError: the file does not describe a valid config (naming the file and
@@ -322,6 +327,9 @@ def load_run_config(run_dir: Path) -> tuple[str, TrainConfig]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a relmem run directory?")
     data = read_json_object(path, not_an_object=TypeError)
+    if "format" in data:  # an exported model's folder
+        task_name, config, _ = exported.parse_config(Path(run_dir))
+        return task_name, config
     task_name = data.pop("task_name", None)
     if not isinstance(task_name, str):
         raise ValueError(f"{path}: task_name must be a string naming a task, got {task_name!r}")
@@ -348,7 +356,9 @@ def load_trained(
     """Rebuild a run's task and model and load a checkpoint's weights.
 
     Args:
-        run_dir: the run directory.
+        run_dir: the run directory, or a folder written by ``relmem export`` (its weights; the
+            task is rebuilt from its ``config.json`` and checked against its ``data.json`` and
+            model spec).
         checkpoint: a checkpoint directory; None means the run's latest (with ``prefer_best``
             its ``checkpoints/best`` when it keeps one), or when that is missing or bad or its
             weights damaged, the newest intact one (named on stderr).
@@ -368,9 +378,21 @@ def load_trained(
             f"{run_dir} is a run of {task_name!r}, which trains by reinforcement learning: "
             "relmem eval, plot and play read it"
         )
+    folder = exported.is_exported(Path(run_dir))
+    if folder and checkpoint is not None:
+        raise ValueError(
+            f"--checkpoint {checkpoint}: {run_dir} is an exported model, which holds one set of "
+            "weights (pass the run directory to choose among its checkpoints)"
+        )
     task = entry.build(config.task)
     check_data_identity(run_dir, task)
+    if folder:
+        exported.check_spec(Path(run_dir), None if entry.trainer is not None else task.spec)
     check_model_size(config, task, max_parameters, build)
+    if folder:
+        model = (build or build_model)(config, task).to(device)
+        exported.load_weights(Path(run_dir), model, device)
+        return config, task_name, task, model.eval(), Path(run_dir)
     if checkpoint is None:
         ckpt, note = ckpt_io.newest_intact(run_dir, prefer_best)
         if note:

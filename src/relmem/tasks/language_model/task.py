@@ -186,6 +186,10 @@ class LanguageModel(Task):
             }
         }
 
+    def export_vocabulary(self) -> list[str]:
+        """The corpus's tokens in id order (``'byte'``: the 256 bytes as Latin-1 characters)."""
+        return list(self.corpus.vocab)
+
     def step_labels(self, inputs: Tensor) -> list[str]:
         """The tokens of ``inputs [T]``."""
         return [self.corpus.vocab[int(i)] for i in inputs]

@@ -239,6 +239,10 @@ class LearnToExecute(Task):
         if "curriculum" in state:
             self.curriculum.load_state_dict(state["curriculum"])
 
+    def export_vocabulary(self) -> list[str]:
+        """The 45 symbols in index order (programs and targets alike)."""
+        return list(vocab.SYMBOLS)
+
     def plot_levels(self) -> dict[str, float]:
         """The per-character accuracy of guessing from the output length alone."""
         accuracy, _ = self.length_only_baseline()
