@@ -12,8 +12,11 @@ Two message styles, one per kind of caller, so that an error always names what w
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
+import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -205,19 +208,70 @@ def check_factory(device: Any, dtype: Any, *, owner: str) -> dict[str, Any]:
             f"{owner}: dtype must be None or a floating-point torch.dtype (such as "
             f"torch.float32), got {dtype!r}"
         )
-    if device is not None:
-        try:
-            parsed = torch.device(device)
-        except (RuntimeError, TypeError, ValueError):
-            raise ValueError(
-                f"{owner}: device must be None, a torch.device or a name such as 'cpu' or "
-                f"'cuda:0', got {device!r}"
-            ) from None
-        available = {
-            "cuda": torch.cuda.is_available()
-            and (parsed.index is None or parsed.index < torch.cuda.device_count()),
-            "mps": torch.backends.mps.is_available(),
-        }
-        if not available.get(parsed.type, True):
-            raise ValueError(f"{owner}: device {device!r} is not available on this machine")
+    check_device(device, owner=owner)
     return {"device": device, "dtype": dtype}
+
+
+def check_device(device: Any, *, owner: str) -> torch.device | None:
+    """``device`` as a ``torch.device`` (None stays None) once it names a device torch knows
+    and this machine has.
+
+    Raises:
+        ValueError: ``"{owner}: device must be None, a torch.device or a name such as 'cpu' or
+            'cuda:0', got 'bogus'"``, or ``"... device 'cuda:3' is not available on this
+            machine"``.
+    """
+    if device is None:
+        return None
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(
+            f"{owner}: device must be None, a torch.device or a name such as 'cpu' or "
+            f"'cuda:0', got {device!r}"
+        ) from None
+    available = {
+        "cuda": torch.cuda.is_available()
+        and (parsed.index is None or parsed.index < torch.cuda.device_count()),
+        "mps": torch.backends.mps.is_available(),
+    }
+    if not available.get(parsed.type, True):
+        raise ValueError(f"{owner}: device {device!r} is not available on this machine")
+    return parsed
+
+
+_ALLOCATION_FAILURES = ("can't allocate memory", "out of memory", "overflow", "too large")
+
+
+def allocation_errors(init: Callable[..., None]) -> Callable[..., None]:
+    """Decorate a module's ``__init__``: a failure to allocate its parameters (sizes whose
+    weights cannot fit in memory, or whose element count overflows) becomes one
+    ``MemoryError`` naming the class and the bytes asked for, in place of torch's allocator
+    message.
+
+    Raises:
+        MemoryError: ``"{Class}: its parameters at these sizes do not fit in memory (torch
+            asked for 372.5 GiB); choose smaller sizes"``.
+    """
+
+    @functools.wraps(init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except (RuntimeError, MemoryError, OverflowError, TypeError) as exc:
+            text = str(exc)
+            if not isinstance(exc, MemoryError) and not any(
+                failure in text.lower() for failure in _ALLOCATION_FAILURES
+            ):
+                raise
+            if isinstance(exc, MemoryError) and text.endswith("choose smaller sizes"):
+                raise  # already said, by a module built inside this one
+            asked = re.search(r"allocate (\d+) bytes", text)
+            size = f"torch asked for {int(asked.group(1)) / 2**30:,.1f} GiB" if asked else ""
+            size = size or text.strip().splitlines()[0][:120]
+            raise MemoryError(
+                f"{type(self).__name__}: its parameters at these sizes do not fit in memory "
+                f"({size}); choose smaller sizes"
+            ) from None
+
+    return wrapper

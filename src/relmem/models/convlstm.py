@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from relmem.cores.base import finish_sequence, prepare_sequence, run_cell_loop
 from relmem.models.registry import register_model
-from relmem.validation import check_at_least, check_ints
+from relmem.validation import check_at_least, check_device, check_ints
 
 
 def same_padding(kernel_size: int) -> tuple[int, int, int, int]:
@@ -122,7 +122,9 @@ class ConvLSTMCore(nn.Module):
         """Zeros ``(h, c)``, each ``[B, C, H, W]``."""
         weight = self.gates.weight
         shape = (batch_size, self.channels, self.height, self.width)
-        zeros = torch.zeros(shape, device=device or weight.device, dtype=weight.dtype)
+        owner = f"{type(self).__name__}.initial_state"
+        device = check_device(device, owner=owner) or weight.device
+        zeros = torch.zeros(shape, device=device, dtype=weight.dtype)
         return ConvLSTMState(zeros, zeros.clone())
 
     def step(self, x: Tensor, state: ConvLSTMState) -> tuple[Tensor, ConvLSTMState]:

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from relmem.models.registry import register_model
-from relmem.validation import check_at_least
+from relmem.validation import check_at_least, check_device
 
 LSTMState = tuple[Tensor, Tensor]
 
@@ -57,7 +57,9 @@ class LSTMCore(nn.LSTM):
         """Zeros ``(h, c)``, each ``[B, L, H]``."""
         weight = self.weight_ih_l0
         shape = (batch_size, self.num_layers, self.hidden_size)
-        zeros = torch.zeros(shape, device=device or weight.device, dtype=weight.dtype)
+        owner = f"{type(self).__name__}.initial_state"
+        device = check_device(device, owner=owner) or weight.device
+        zeros = torch.zeros(shape, device=device, dtype=weight.dtype)
         return zeros, zeros.clone()
 
     def forward(  # type: ignore[override]

@@ -31,7 +31,14 @@ from relmem.cores.dnc.memory import (
     LinkKind,
     check_memory_options,
 )
-from relmem.validation import check_bool, check_factory, check_float, check_int, check_ints
+from relmem.validation import (
+    allocation_errors,
+    check_bool,
+    check_factory,
+    check_float,
+    check_int,
+    check_ints,
+)
 
 
 class DNCState(NamedTuple):
@@ -156,6 +163,7 @@ class DNCCell(nn.Module):
         - output: ``[B, Y]``.
     """
 
+    @allocation_errors
     def __init__(
         self,
         input_size: int,

@@ -33,7 +33,7 @@ from relmem.cores.dnc.addressing import EPSILON
 from relmem.cores.dnc.controller import Controller, ControllerKind
 from relmem.cores.dnc.dnc import DNCState, check_step_input
 from relmem.cores.dnc.memory import DNCMemory, LinkKind, check_memory_options
-from relmem.validation import check_bool, check_factory, check_int
+from relmem.validation import allocation_errors, check_bool, check_factory, check_int
 
 
 def reverse_within_lengths(x: Tensor, lengths: Tensor | None) -> Tensor:
@@ -75,6 +75,7 @@ class MemoryControllerLayer(nn.Module):
           backward direction (when enabled) has no carried state.
     """
 
+    @allocation_errors
     def __init__(
         self,
         d_model: int,

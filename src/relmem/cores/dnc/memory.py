@@ -21,7 +21,14 @@ from torch import Tensor, nn
 
 from relmem.cores.base import check_state_tensor
 from relmem.cores.dnc import addressing as A
-from relmem.validation import check_bool, check_choice, check_factory, check_float, check_int
+from relmem.validation import (
+    check_bool,
+    check_choice,
+    check_device,
+    check_factory,
+    check_float,
+    check_int,
+)
 
 Compat = Literal["paper", "deepmind"]
 LinkKind = Literal["dense", "sparse", "none"]
@@ -402,7 +409,8 @@ class DNCMemory(nn.Module):
             "batch_size", batch_size, owner=f"{type(self).__name__}.initial_state"
         )
         default_device, default_dtype = self.factory_defaults()
-        device = default_device if device is None else torch.device(device)
+        owner = f"{type(self).__name__}.initial_state"
+        device = default_device if device is None else check_device(device, owner=owner)
         dtype = default_dtype if dtype is None else dtype
         b, n, w = batch_size, self.memory_size, self.word_size
         r, wh = self.num_read_heads, self.num_write_heads
@@ -469,6 +477,14 @@ class DNCMemory(nn.Module):
                 continue
             want_dtype = torch.long if field == "link_index" else dtype
             check_state_tensor(name, field, value, shape, want_dtype, device)
+        if state.link_index is not None and state.link_index.numel():
+            # a column outside the memory indexed out of bounds deep in the link update
+            low, high = int(state.link_index.min()), int(state.link_index.max())
+            if low < 0 or high >= n:
+                raise ValueError(
+                    f"{name}: state.link_index must hold memory columns in 0..{n - 1}, got "
+                    f"values from {low} to {high}"
+                )
         return state
 
     # ------------------------------------------------------------------ interface

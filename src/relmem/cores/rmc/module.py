@@ -48,7 +48,13 @@ from relmem.cores.rmc.fast import (
 )
 from relmem.cores.rmc.fused import load_fused_ops, prepare_fused
 from relmem.cores.rmc.reference import AttentionBlock, AttentionMLP, reference_step
-from relmem.validation import check_bool, check_factory, check_int
+from relmem.validation import (
+    allocation_errors,
+    check_bool,
+    check_device,
+    check_factory,
+    check_int,
+)
 
 _ARGUMENTS_MARKER = "        <RMCConfig arguments>\n"
 _POSITIONAL_UNTIL = "input_rows"  # RMCConfig's fields up to this one may be given positionally
@@ -138,6 +144,7 @@ class RelationalMemoryCell(nn.Module):
 
     _signature = _constructor_signature(*_FACTORY)
 
+    @allocation_errors
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
         config, options = _bind(self._signature, (self, *args), kwargs)
@@ -287,7 +294,8 @@ class RelationalMemoryCell(nn.Module):
             "batch_size", batch_size, owner=f"{type(self).__name__}.initial_state"
         )
         default_device, default_dtype = self._factory_defaults()
-        device = default_device if device is None else torch.device(device)
+        owner = f"{type(self).__name__}.initial_state"
+        device = default_device if device is None else check_device(device, owner=owner)
         dtype = default_dtype if dtype is None else dtype
         n, m = self.config.mem_slots, self.config.mem_size
         memory = torch.eye(n, m, device=device, dtype=dtype).expand(batch_size, n, m).clone()
@@ -633,6 +641,11 @@ class FastRelationalMemory(nn.Module):
         defer_weight_grads: bool | None = None,
     ) -> None:
         super().__init__()
+        if not isinstance(core, RelationalMemory):
+            raise TypeError(
+                "FastRelationalMemory: core must be a relmem.RelationalMemory (it runs the "
+                f"RMC's fast path on that core's parameters), got {type(core).__name__}"
+            )
         if matmul_dtype not in (None, torch.bfloat16, torch.float16):
             raise ValueError(
                 f"FastRelationalMemory: matmul_dtype must be None, torch.bfloat16 or "
