@@ -117,7 +117,7 @@ def measure(case_name: str, seed: int, args: argparse.Namespace) -> list[dict[st
         if precision == "f32":
             runs["ref-f32"] = core
             runs["fast-f32"] = FastRelationalMemory(copy.deepcopy(core))
-            if args.device == "cpu":
+            if args.device == "cpu" and not args.no_fused:
                 fused = copy.deepcopy(core)
                 fused.implementation = fused.cell.implementation = "fused"
                 runs["fused-f32"] = fused
@@ -166,6 +166,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=7)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--sdpa", action="store_true", help="on CUDA, force each SDPA backend")
+    parser.add_argument(
+        "--no-fused", action="store_true", help="on the CPU, leave out fused-f32 (a C++ build)"
+    )
     parser.add_argument(
         "--bound", type=float, default=6e-2, help="the summary counts seeds above this error"
     )

@@ -21,18 +21,19 @@ constant gate biases.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import cast
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from relmem.cores.rmc import RelationalMemory, RelationalMemoryCell
+from relmem.cores.rmc import AttentionBlock, RelationalMemory, RelationalMemoryCell
 
 SCOPE = "relational_memory/"
 
 # (Sonnet name, parameter, whether the TF array is the transpose of the PyTorch tensor)
-_Entry = tuple[str, nn.Parameter, bool]
+_Entry = tuple[str, Tensor, bool]
 
 
 def _as_cell(module: RelationalMemoryCell | RelationalMemory) -> RelationalMemoryCell:
@@ -83,12 +84,12 @@ def sonnet_layout(module: RelationalMemoryCell | RelationalMemory) -> list[_Entr
         entries.append((f"{_layer_norm_name(index)}/beta", norm.bias, False))
 
     linear("linear", cell.input_projection)
-    for j, block in enumerate(cell.blocks, start=1):
+    for j, block in enumerate(cast("Iterable[AttentionBlock]", cell.blocks), start=1):
         linear(f"linear_{j}", block.qkv)
         layer_norm(3 * (j - 1), block.qkv_norm)
         layer_norm(3 * (j - 1) + 1, block.attention_norm)
         if j == 1:
-            for i, layer in enumerate(cell.mlps[0].layers):
+            for i, layer in enumerate(cast("Iterable[nn.Linear]", cell.mlp_for_block(0).layers)):
                 linear(f"mlp/linear_{i}", layer)
         layer_norm(3 * (j - 1) + 2, block.mlp_norm)
     if cell.input_gate is not None and cell.memory_gate is not None:
@@ -174,10 +175,10 @@ def load_variables(
         )
     # Every array converted before the first parameter is written: float64 in native byte
     # order holds any float array's values (float16/32/64 exactly) and copies into any dtype.
-    values = [torch.from_numpy(np.asarray(given[name], dtype=np.float64)) for name, _, _ in layout]
+    tensors = [torch.from_numpy(np.asarray(given[name], dtype=np.float64)) for name, _, _ in layout]
     with torch.no_grad():
-        for (_, param, transpose), value in zip(layout, values, strict=True):
-            param.copy_(value.T if transpose else value)
+        for (_, param, transpose), tensor in zip(layout, tensors, strict=True):
+            param.copy_(tensor.T if transpose else tensor)
 
 
 def dump_variables(

@@ -17,7 +17,7 @@ import math
 import operator
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 
@@ -37,6 +37,26 @@ def as_int(value: Any) -> int | None:
         return None
 
 
+@overload
+def check_int(
+    name: str,
+    value: Any,
+    minimum: int = 1,
+    *,
+    owner: str | None = None,
+    optional: Literal[False] = False,
+    maximum: int | None = None,
+) -> int: ...
+@overload
+def check_int(
+    name: str,
+    value: Any,
+    minimum: int = 1,
+    *,
+    owner: str | None = None,
+    optional: bool,
+    maximum: int | None = None,
+) -> int | None: ...
 def check_int(
     name: str,
     value: Any,

@@ -147,3 +147,13 @@ def test_dnc_exports_with_lengths() -> None:
     other = torch.tensor([2, 3])
     got = program.module()(inputs, lengths=other)[0]
     torch.testing.assert_close(got, core(inputs, lengths=other)[0])
+
+
+def test_fast_wrapper_keeps_module_compile() -> None:
+    """``FastRelationalMemory(compile=True)`` records its flag without hiding
+    ``nn.Module.compile()`` (an attribute named ``compile`` made it a bool)."""
+    from relmem.cores.rmc import FastRelationalMemory
+
+    wrapper = FastRelationalMemory(RelationalMemory(**BASE), compile=True)
+    assert wrapper.compile_step is True
+    assert wrapper.compile.__func__ is torch.nn.Module.compile

@@ -44,21 +44,23 @@ def implementations(
     device: torch.device,
     compile_step: bool,
     port: type[nn.Module] | None = None,
+    only: Collection[str] | None = None,
 ) -> dict[str, nn.Module]:
     """The modules to time for ``config``: the RMC's implementations and the baselines.
 
-    All RMC implementations share the reference's parameters; ``fused`` only on the CPU and
-    where its operators build, ``fast+compile`` only with ``compile_step``, the CUDA-graph
-    ones only on CUDA, ``port`` (the public port's ``RelationalMemory`` class,
-    :mod:`relmem.benchmarking.port`) where it has every option the configuration uses, with
-    its own initialisation.
+    All RMC implementations share the reference's parameters; ``fused`` only on the CPU, where
+    its operators build, and unless ``only`` (the implementations to time; None: all) leaves
+    it out (loading its operators may compile them first); ``fast+compile`` only with
+    ``compile_step``, the CUDA-graph ones only on CUDA, ``port`` (the public port's
+    ``RelationalMemory`` class, :mod:`relmem.benchmarking.port`) where it has every option the
+    configuration uses, with its own initialisation.
     """
     torch.manual_seed(0)
     reference = RelationalMemory(**config.rmc, implementation="reference", device=device)
     fast = RelationalMemory(**config.rmc, implementation="fast", device=device)
     fast.load_state_dict(reference.state_dict())
     impls: dict[str, nn.Module] = {"reference": reference, "fast": fast}
-    if device.type == "cpu" and _fused_available():
+    if device.type == "cpu" and (not only or "fused" in only) and _fused_available():
         impls["fused"] = RelationalMemory(**config.rmc, implementation="fused", device=device)
         impls["fused"].load_state_dict(reference.state_dict())
     if compile_step:
@@ -110,7 +112,7 @@ def run_config(
     config = CONFIGS[name]
     default_steps, default_batch = config.shape if device.type == "cuda" else config.cpu_shape
     steps, batch = steps or default_steps, batch or default_batch
-    impls = implementations(config, device, compile_step, port)
+    impls = implementations(config, device, compile_step, port, only)
     torch.manual_seed(1)
     inputs = torch.randn(steps, batch, config.rmc["input_size"], device=device)
     rmc_config = impls["reference"].config

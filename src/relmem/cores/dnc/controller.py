@@ -9,7 +9,7 @@ Notation: B batch, X the controller input size, Hc the hidden size, L the number
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -115,7 +115,7 @@ class Controller(nn.Module):
     def reset_parameters(self) -> None:
         """PyTorch's recurrent-cell initialisation, U(−1/√Hc, 1/√Hc)."""
         for cell in self.cells:
-            cell.reset_parameters()
+            cast(nn.RNNCellBase, cell).reset_parameters()
 
     def extra_repr(self) -> str:
         text = f"kind={self.kind!r}, forget_bias={self.forget_bias}"
@@ -179,12 +179,14 @@ class Controller(nn.Module):
         Returns:
             ``(output [B, L·Hc], new_state)``; both clipped when ``clip_value > 0``.
         """
-        outputs, new_state = [], []
+        outputs: list[Tensor] = []
+        new_state: list[Any] = []
         below: Tensor | None = None
         for cell, layer_state in zip(self.cells, state, strict=True):
             x = input if below is None else torch.cat([input, below], dim=-1)
             if self.kind == "lstm":
-                h, c = lstm_cell_step(cell, x, *layer_state, self.forget_bias)
+                h_prev, c_prev = layer_state
+                h, c = lstm_cell_step(cast(nn.LSTMCell, cell), x, h_prev, c_prev, self.forget_bias)
                 h, c = self._clip(h), self._clip(c)
                 new_state.append((h, c))
             else:

@@ -192,7 +192,7 @@ class DNCCell(nn.Module):
         name = type(self).__name__
         check_ints(name, input_size=input_size, hidden_size=hidden_size, num_layers=num_layers)
         check_int("output_size", output_size, owner=name, optional=True)
-        memory_options = {
+        memory_options: dict[str, Any] = {
             "memory_size": memory_size,
             "word_size": word_size,
             "num_read_heads": num_read_heads,

@@ -97,7 +97,7 @@ class MemoryControllerLayer(nn.Module):
         super().__init__()
         name = type(self).__name__
         check_int("d_model", d_model, owner=name)
-        memory_options = {
+        memory_options: dict[str, Any] = {
             "memory_size": memory_slots,
             "word_size": word_size,
             "num_read_heads": read_heads,

@@ -268,6 +268,8 @@ class DNCMemory(nn.Module):
         - output: read vectors ``[B, R, W]`` (also stored as ``state.read_vectors``).
     """
 
+    _anchor: Tensor  # a buffer: the module's device and dtype (see factory_defaults)
+
     def __init__(
         self,
         input_size: int | None,
@@ -692,4 +694,4 @@ def _cast_state(state: DNCMemoryState, dtype: torch.dtype) -> DNCMemoryState:
             return t
         return t.to(dtype)
 
-    return DNCMemoryState(*(cast(t) for t in state))
+    return DNCMemoryState._make(cast(t) for t in state)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -342,11 +342,13 @@ def recurrent_step(
         if z_in is None or full:  # the step reads the input rows themselves
             assert rows_in is not None, "E13 applies only where no block reads the input rows"
         if z_in is None:  # the input rows were updated by the previous block
-            z = _qkv(torch.cat([rows_mem, rows_in], dim=1), block)  # [B, N+n, Q]
+            z = _qkv(torch.cat([rows_mem, cast(Tensor, rows_in)], dim=1), block)  # [B, N+n, Q]
         else:
             z = torch.cat([_qkv(rows_mem, block), z_in], dim=1)  # [B, N+n, Q]
         # E4: the last block (and every block with query_rows='memory') updates memory rows only
-        residual = torch.cat([rows_mem, rows_in], dim=1) if full else rows_mem  # [B, R_q, M]
+        residual = (  # [B, R_q, M]
+            torch.cat([rows_mem, cast(Tensor, rows_in)], dim=1) if full else rows_mem
+        )
         attended = _attend(z, residual.shape[1], spec.heads, spec.key, spec.value)
         h = _layer_norm(residual + attended, block.attn_ln)
         h = _layer_norm(_mlp(h, block.mlp) + h, block.mlp_ln)
@@ -357,7 +359,7 @@ def recurrent_step(
     if gate_x is None:  # 4.6: no gating
         return rows_mem, None
     assert weights.gate_w is not None
-    recurrent = hidden if spec.output_gate else torch.tanh(memory)
+    recurrent = cast(Tensor, hidden) if spec.output_gate else torch.tanh(memory)
     gates = torch.sigmoid(_linear(recurrent, weights.gate_w) + gate_x.unsqueeze(1))  # [B,N,W]
     g = spec.gate
     new_memory = gates[..., :g] * torch.tanh(rows_mem) + gates[..., g : 2 * g] * memory
@@ -434,12 +436,15 @@ def _hoist(
     x = None  # [..., n, M]; with E13 only the gate term reads it
     if not fold or config.gate_style is not None:
         x = F.linear(rows, weights.input_w, weights.input_b)
+    z_inputs: tuple[Tensor | None, ...]  # per block: [..., n, Q], or None (in the step)
     if fold:
         z_inputs = tuple(_folded_qkv(rows, weights, block) for block in blocks)
     elif config.query_rows == "memory":  # input rows never change: every block's qkv hoists
+        assert x is not None  # no fold: projected above
         z_inputs = tuple(_qkv(x, block) for block in blocks)
     else:  # only block 1 sees the raw x
-        z_inputs = (_qkv(x, blocks[0]),) + (None,) * (len(blocks) - 1)
+        assert x is not None
+        z_inputs = (_qkv(x, blocks[0]), *[None] * (len(blocks) - 1))
     gate_x = None
     if config.gate_style is not None:
         assert weights.input_gate_w is not None and step_weights.gate_bias is not None

@@ -215,8 +215,10 @@ def fused_sequence(
     """
     flat: list[Tensor] = []
     for block in weights.blocks:
+        assert isinstance(block.qkv_w, Tensor)  # no banked weights (E10) on this path
         flat += [block.qkv_w, block.qkv_b, *block.qkv_ln, *block.attn_ln, *block.mlp_ln]
         for weight, bias in block.mlp:
+            assert isinstance(weight, Tensor)
             flat += [weight, bias]
     if hoisted.gate_x is not None:
         assert isinstance(weights.gate_w, Tensor)

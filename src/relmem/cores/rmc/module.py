@@ -14,10 +14,10 @@ from __future__ import annotations
 import inspect
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import MISSING, fields
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -64,7 +64,7 @@ def _constructor_signature(*extras: inspect.Parameter) -> inspect.Signature:
     """``(self, <RMCConfig's fields>, *extras)``: ``input_size`` to ``input_rows`` positional,
     then the positional ``extras``, then the other fields and the keyword-only ``extras``."""
     params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    kind: inspect._ParameterKind = inspect.Parameter.POSITIONAL_OR_KEYWORD
     for field in fields(RMCConfig):
         default = inspect.Parameter.empty if field.default is MISSING else field.default
         params.append(inspect.Parameter(field.name, kind, default=default, annotation=field.type))
@@ -190,13 +190,15 @@ class RelationalMemoryCell(nn.Module):
     def reset_parameters(self) -> None:
         """Sonnet's initialisation (``docs/rmc.md`` §7): truncated normal weights, zero biases,
         LN γ=1, β=0."""
-        linears = [self.input_projection, *(b.qkv for b in self.blocks)]
-        linears += [layer for mlp in self.mlps for layer in mlp.layers]
+        blocks = cast("Iterable[AttentionBlock]", self.blocks)
+        mlps = cast("Iterable[AttentionMLP]", self.mlps)
+        linears = [self.input_projection, *(b.qkv for b in blocks)]
+        linears += [layer for mlp in mlps for layer in cast("Iterable[nn.Linear]", mlp.layers)]
         linears += [g for g in (self.input_gate, self.memory_gate) if g is not None]
         for linear in linears:
             _truncated_normal_(linear.weight, linear.in_features)
             nn.init.zeros_(linear.bias)
-        for block in self.blocks:
+        for block in blocks:
             for norm in (block.qkv_norm, block.attention_norm, block.mlp_norm):
                 norm.reset_parameters()
         if self.gate_biases is not None:
@@ -212,7 +214,7 @@ class RelationalMemoryCell(nn.Module):
 
     def mlp_for_block(self, index: int) -> AttentionMLP:
         """The MLP used by block ``index`` (the shared one unless ``share_attention_mlp=False``)."""
-        return self.mlps[0 if self.config.share_attention_mlp else index]
+        return cast(AttentionMLP, self.mlps[0 if self.config.share_attention_mlp else index])
 
     def fast_weights(self) -> RMCWeights:
         """The parameters as the tensors the fast path reads (no copies: they keep autograd).
@@ -230,9 +232,12 @@ class RelationalMemoryCell(nn.Module):
                 (block.qkv_norm.weight, block.qkv_norm.bias),
                 (block.attention_norm.weight, block.attention_norm.bias),
                 (block.mlp_norm.weight, block.mlp_norm.bias),
-                tuple((layer.weight, layer.bias) for layer in self.mlp_for_block(index).layers),
+                tuple(
+                    (layer.weight, layer.bias)
+                    for layer in cast("Iterable[nn.Linear]", self.mlp_for_block(index).layers)
+                ),
             )
-            for index, block in enumerate(self.blocks)
+            for index, block in enumerate(cast("Iterable[AttentionBlock]", self.blocks))
         )
         input_gate, memory_gate = self.input_gate, self.memory_gate
         return RMCWeights(
@@ -601,7 +606,9 @@ class _GraphedSequence(nn.Module):
     def forward(self, rows: Tensor, memory: Tensor, *hidden: Tensor) -> tuple[Tensor, ...]:
         state = RMCState(memory, hidden[0] if hidden else None)
         outputs, final = self.core.run(rows, state, None)
-        return (outputs, final.memory) if final.hidden is None else (outputs, *final)
+        if final.hidden is None:
+            return outputs, final.memory
+        return outputs, final.memory, final.hidden
 
 
 class FastRelationalMemory(nn.Module):
@@ -663,7 +670,7 @@ class FastRelationalMemory(nn.Module):
                 "a compiled or captured step); leave it None"
             )
         self.core = core
-        self.compile = compile
+        self.compile_step = compile  # not `compile`, which would hide nn.Module.compile()
         self.cuda_graph = cuda_graph
         self.matmul_dtype = matmul_dtype
         self.defer_weight_grads = False if (compile or cuda_graph) else defer_weight_grads
@@ -709,7 +716,8 @@ class FastRelationalMemory(nn.Module):
                 defer_weight_grads=self.defer_weight_grads,
             )
         outputs = outputs.to(dtype)
-        final = RMCState(*(None if s is None else s.to(dtype) for s in final))
+        hidden = None if final.hidden is None else final.hidden.to(dtype)
+        final = RMCState(final.memory.to(dtype), hidden)
         return outputs, final
 
     def _graphed(self, rows: Tensor, state: RMCState) -> Callable[..., Any]:
