@@ -30,10 +30,13 @@ def test_defaults_and_the_paper_setting() -> None:
         paper = get_preset(task_name, "paper")
         assert paper.task.algorithm == "impala" and paper.task.unroll == 40
         assert paper.task.entropy_coeff == 0.005 and paper.task.gamma == 0.99
-        assert paper.optim.optimizer == "rmsprop"
-        # IMPALA's epsilon 0.01 inside the root of summed losses' mean square, translated
-        assert paper.optim.eps == pytest.approx(0.1 / (32 * 40))
-        assert paper.optim.alpha == 0.99 and paper.optim.grad_clip == 40.0
+        # IMPALA's TF RMSProp on losses summed over K = B·T steps, translated to mean losses
+        # (tests/train/test_optimizers.py checks the updates)
+        k = 32 * 40
+        assert paper.optim.optimizer == "rmsprop-tf" and paper.optim.alpha == 0.99
+        assert paper.optim.eps == pytest.approx(0.01 / k**2)
+        assert paper.optim.initial_mean_square == pytest.approx(1 / k**2)
+        assert paper.optim.grad_clip == pytest.approx(40.0 / k)
         assert paper.batch_size * paper.task.unroll * paper.steps == 10**9
     box_preset = get_preset("boxworld", "cpu")
     box = box_preset.task

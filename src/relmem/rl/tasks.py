@@ -9,7 +9,6 @@ need it), so listing tasks stays fast.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from relmem.models import LSTMModelConfig, RMCModelConfig
@@ -55,6 +54,7 @@ def _paper(task: Any, steps: int) -> TrainConfig:
     task.algorithm, task.unroll, task.gamma = "impala", 40, 0.99
     task.entropy_coeff, task.critic_coeff = 0.005, 0.5
     task.collectors, task.eval_episodes = 8, 1000
+    steps_per_batch = PAPER_BATCH * task.unroll  # K = B·T = 1280
     return TrainConfig(
         task=task,
         model="rmc",
@@ -62,17 +62,19 @@ def _paper(task: Any, steps: int) -> TrainConfig:
         # memory gating), LSTM 256 units
         rmc=RMCModelConfig(mem_slots=4, head_size=64, num_heads=4, gate_style="memory"),
         lstm=LSTMModelConfig(hidden_size=256),
-        # IMPALA's optimiser (spec §3.2): RMSProp, decay 0.99, epsilon 0.01, global-norm clip
-        # 40; the paper swept the rate over [1e-5, 2e-4]. IMPALA sums its losses over a
-        # batch's B·T steps and TensorFlow adds epsilon inside the square root; with TorchRL's
-        # mean losses and PyTorch's epsilon outside it, the same update takes
-        # sqrt(0.01) / (B·T) (docs/rl.md §4.5; 0.01 itself made the steps about 40x too small)
+        # IMPALA's optimiser (spec §3.2): TensorFlow 1's RMSProp, decay 0.99, epsilon 0.01,
+        # global-norm clip 40; the paper swept the rate over [1e-5, 2e-4]. IMPALA sums its
+        # losses over a batch's K = B·T steps where TorchRL's are means, so its gradients are
+        # K times these: the same updates take TF's RMSProp (mean square from ones, epsilon
+        # inside the root) with the mean square's start and epsilon divided by K^2 and the clip
+        # by K (docs/rl.md §4.5)
         optim=OptimConfig(
-            optimizer="rmsprop",
+            optimizer="rmsprop-tf",
             lr=2e-4,
             alpha=0.99,
-            eps=math.sqrt(0.01) / (PAPER_BATCH * task.unroll),
-            grad_clip=40.0,
+            eps=0.01 / steps_per_batch**2,
+            initial_mean_square=1.0 / steps_per_batch**2,
+            grad_clip=40.0 / steps_per_batch,
         ),
         steps=steps,
         batch_size=PAPER_BATCH,
@@ -140,8 +142,9 @@ def boxworld_paper() -> TrainConfig:
     """Viewport BoxWorld at the paper's difficulty with IMPALA (spec §1.7, §3).
 
     n = 12, L in 1..5, 0..5 forward distractors, 5x5 viewport; V-trace actor-critic, unroll
-    40, batches of 32 trajectories, entropy 0.005, gamma 0.99, value weight 0.5, RMSProp 2e-4
-    (decay 0.99, IMPALA's epsilon 0.01 as 7.8e-5 in PyTorch's arrangement), clip 40; RMC
+    40, batches of 32 trajectories, entropy 0.005, gamma 0.99, value weight 0.5, TensorFlow's
+    RMSProp 2e-4 (decay 0.99, epsilon 0.01, clip 40, translated from IMPALA's summed losses to
+    TorchRL's means, ``docs/rl.md`` §4.5); RMC
     4 x 4 x 64 with memory gating (``--model lstm``: 256 units); 8 collector processes; 1e9
     frames = 781,250 steps.
     """

@@ -194,10 +194,11 @@ def nth_farthest_paper() -> TrainConfig[NthFarthestConfig]:
     """The paper's set-up, ``docs/tasks.md`` §1.3 (library preset ``nth_farthest_paper``).
 
     K=8 vectors of F=16 dims; RMC N=8, H=8, D=K=32 (M=256), 1 block, L=2, unit gates, forget
-    bias 1, input bias 0 (605,184 core parameters); head 4 x 256; Adam 1e-4, batch 1600, no
-    clipping, constant learning rate (``--optim.schedule paper`` for Sonnet's decay); a 16,000
-    sequence held-out set and the best accuracy on fresh 1600-sequence batches. The paper gives
-    no step count; 200k steps (320M sequences) is a ceiling, not a published figure.
+    bias 1, input bias 0 (605,184 core parameters); head 4 x 256; Adam 1e-4 with TensorFlow's
+    epsilon placement (``--optim.eps-hat``), batch 1600, no clipping, constant learning rate
+    (``--optim.schedule paper`` for Sonnet's decay); a 16,000 sequence held-out set and the
+    best accuracy on fresh 1600-sequence batches. The paper gives no step count; 200k steps
+    (320M sequences) is a ceiling, not a published figure.
 
     ``--model dnc`` is the paper's DNC baseline (A.1: a 2-layer LSTM controller; 1, 8 or 16
     memories of size 128, 512 or 1024; 1, 2 or 4 reads and writes), at one point of that sweep:
@@ -229,7 +230,9 @@ def nth_farthest_paper() -> TrainConfig[NthFarthestConfig]:
             num_write_heads=4,
         ),
         head=HeadConfig((256, 256, 256, 256)),
-        optim=OptimConfig(lr=1e-4, schedule="constant", grad_clip=None),
+        # Sonnet's tf.train.AdamOptimizer(lr) with its default epsilon, as "epsilon hat"
+        # (relmem.train.optimizers); no clipping
+        optim=OptimConfig(lr=1e-4, schedule="constant", grad_clip=None, eps_hat=True),
         steps=200_000,
         batch_size=1600,
         eval_every=1000,

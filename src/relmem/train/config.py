@@ -30,12 +30,19 @@ class OptimConfig:
     schedule.
 
     Attributes:
-        optimizer: 'adam' (default) or 'rmsprop' (``torch.optim.RMSprop``; IMPALA's, for the
-            RL ``paper`` presets, ``docs/rl.md`` §4).
+        optimizer: 'adam' (default), 'rmsprop' (``torch.optim.RMSprop``) or 'rmsprop-tf'
+            (TensorFlow 1's RMSProp, :class:`~relmem.train.optimizers.TFRMSprop`: epsilon inside
+            the square root, the mean square starting at ``initial_mean_square``; IMPALA's, for
+            the RL ``paper`` presets, ``docs/rl.md`` §4.5).
         lr: peak learning rate (paper 1e-4).
         betas: Adam's (beta1, beta2).
-        eps: the optimiser's epsilon (Adam's; RMSProp adds it to the root of the mean square).
+        eps: the optimiser's epsilon (Adam's; 'rmsprop' adds it to the root of the mean
+            square, 'rmsprop-tf' to the mean square under the root).
+        eps_hat: Adam's ``eps`` is TensorFlow 1's "epsilon hat", added to ``sqrt(v)`` before
+            the bias correction (:class:`~relmem.train.optimizers.AdamEpsHat`); the ``paper``
+            presets translated from TF code set it.
         alpha: RMSProp's decay of the mean square (0.99).
+        initial_mean_square: 'rmsprop-tf''s mean square before the first step (TF: 1).
         momentum: RMSProp's momentum (0).
         weight_decay: L2 penalty added by the optimiser (0 in the paper).
         schedule: 'constant' (default); 'paper', the Sonnet example's continuous decay
@@ -55,11 +62,13 @@ class OptimConfig:
             the schedule's rate at step ``warmup_steps``, for any schedule (0: no warm-up).
     """
 
-    optimizer: Literal["adam", "rmsprop"] = "adam"
+    optimizer: Literal["adam", "rmsprop", "rmsprop-tf"] = "adam"
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    eps_hat: bool = False
     alpha: float = 0.99
+    initial_mean_square: float = 1.0
     momentum: float = 0.0
     weight_decay: float = 0.0
     schedule: Literal["constant", "paper", "cosine", "plateau"] = "constant"
@@ -78,7 +87,10 @@ class OptimConfig:
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"optim.betas must lie in [0, 1), got {self.betas}")
         check_choice("optim.schedule", self.schedule, ("constant", "paper", "cosine", "plateau"))
-        check_choice("optim.optimizer", self.optimizer, ("adam", "rmsprop"))
+        check_choice("optim.optimizer", self.optimizer, ("adam", "rmsprop", "rmsprop-tf"))
+        if self.eps_hat and self.optimizer != "adam":
+            raise ValueError(f"optim.eps_hat is Adam's; optim.optimizer is {self.optimizer!r}")
+        check_at_least("optim.", self, initial_mean_square=0)
         if not 0.0 <= self.alpha < 1.0:
             raise ValueError(f"optim.alpha must lie in [0, 1), got {self.alpha}")
         if not 0.0 <= self.momentum < 1.0:

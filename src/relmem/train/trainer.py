@@ -43,6 +43,7 @@ from relmem.train.distributed import (
 from relmem.train.evaluation import Totals, accumulator_dtype, autocast, evaluate
 from relmem.train.lock import RunLock
 from relmem.train.metrics import JsonlLogger, MetricLogger, MultiLogger, TensorBoardLogger
+from relmem.train.optimizers import AdamEpsHat, TFRMSprop
 from relmem.train.runs import (
     build_model,
     check_data_identity,
@@ -90,8 +91,20 @@ def lr_multiplier(step: int, config: TrainConfig) -> float:
 
 
 def make_optimizer(parameters: Any, o: OptimConfig) -> torch.optim.Optimizer:
-    """``o.optimizer`` over ``parameters``: Adam (``betas``, ``eps``, ``weight_decay``) or
-    RMSProp (decay ``alpha``, ``eps``, ``momentum``, ``weight_decay``; the IMPALA preset's)."""
+    """``o.optimizer`` over ``parameters``: Adam (``betas``, ``eps``, ``weight_decay``; with
+    ``eps_hat`` TF1's epsilon placement), RMSProp (decay ``alpha``, ``eps``, ``momentum``,
+    ``weight_decay``) or TF1's RMSProp (the same and ``initial_mean_square``; the IMPALA
+    presets'), :mod:`relmem.train.optimizers`."""
+    if o.optimizer == "rmsprop-tf":
+        return TFRMSprop(
+            parameters,
+            lr=o.lr,
+            decay=o.alpha,
+            momentum=o.momentum,
+            eps=o.eps,
+            initial_mean_square=o.initial_mean_square,
+            weight_decay=o.weight_decay,
+        )
     if o.optimizer == "rmsprop":
         return torch.optim.RMSprop(
             parameters,
@@ -106,6 +119,15 @@ def make_optimizer(parameters: Any, o: OptimConfig) -> torch.optim.Optimizer:
     # floating-point tensors on the CPU and CUDA; it took the CPU preset's Adam step from
     # 1.4 ms to 0.37 ms (docs/performance.md §4.6).
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in parameters)
+    if o.eps_hat:
+        return AdamEpsHat(
+            parameters,
+            lr=o.lr,
+            betas=o.betas,
+            eps_hat=o.eps,
+            weight_decay=o.weight_decay,
+            fused=fused or None,
+        )
     return torch.optim.Adam(
         parameters,
         lr=o.lr,

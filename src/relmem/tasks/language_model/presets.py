@@ -110,7 +110,7 @@ def lm_paper() -> TrainConfig[LanguageModelConfig]:
         model="rmc",
         rmc=RMCModelConfig(mem_slots=1, head_size=625, num_heads=4, attention_mlp_layers=5),
         lstm=LSTMModelConfig(hidden_size=2048),
-        optim=OptimConfig(lr=1e-3, grad_clip=0.1),
+        optim=OptimConfig(lr=1e-3, grad_clip=0.1, eps_hat=True),  # TF's Adam (epsilon hat)
         steps=50 * epoch,  # 50 epochs of WikiText-103 at batch 384, BPTT 100
         batch_size=384,
         eval_batch=384,

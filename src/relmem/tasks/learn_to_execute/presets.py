@@ -1,11 +1,12 @@
 """Presets of ``relmem train lte``: the paper's set-up and a CPU-sized one per task.
 
 - ``paper`` (``docs/tasks.md`` §2.5): full programs at L=5, N=2, the Mix curriculum, batch
-  128, Adam 1e-3, 200K steps; the RMC of the paper's sweep that "worked well" (4 slots, 4
-  heads of 128, 'memory' gating, one block, a 2-layer attention MLP); the LSTM baseline with
-  2 layers of 1024 units (without the paper's skip connections and concatenated layer
-  outputs); the DNC with 80 slots of 64, 4 read heads, 1 write head and a 2-layer LSTM
-  controller of 256 units. The head is 4 x Linear(256) + ReLU per decoder step.
+  128, Adam 1e-3 (TensorFlow's epsilon placement, ``--optim.eps-hat``), 200K steps; the RMC
+  of the paper's sweep that "worked well" (4 slots, 4 heads of 128, 'memory' gating, one
+  block, a 2-layer attention MLP); the LSTM baseline with 2 layers of 1024 units (without
+  the paper's skip connections and concatenated layer outputs); the DNC with 80 slots of 64,
+  4 read heads, 1 write head and a 2-layer LSTM controller of 256 units. The head is 4 x
+  Linear(256) + ReLU per decoder step.
 - ``cpu`` (full programs) and ``cpu-{task}`` for every other task type, for 10 minutes on one
   CPU thread: program tasks at literal length L=3 and nesting N=2 (the paper's L=5 learns too
   slowly for that budget), memorisation at L=5, N=1; the Mix curriculum; small cores (an RMC
@@ -48,7 +49,7 @@ def lte_paper() -> TrainConfig[LearnToExecuteConfig]:
             num_write_heads=1,
         ),
         head=HeadConfig((256, 256, 256, 256)),
-        optim=OptimConfig(lr=1e-3),
+        optim=OptimConfig(lr=1e-3, eps_hat=True),  # Sonnet's tf.train.AdamOptimizer
         steps=200_000,
         batch_size=128,
         eval_every=2000,
