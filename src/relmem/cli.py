@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("relmem.commands.train", "train a model on a task (relmem train nth-farthest)"),
     "eval": ("relmem.commands.evaluate", "held-out metric of a run, broken down by group"),
     "generate": ("relmem.commands.generate", "sample text from a trained language model"),
+    "answer": ("relmem.commands.answer", "answer a question about a text with a trained reader"),
     "plot": ("relmem.commands.plot", "learning curves and RMC attention maps of a run (PNG)"),
     "play": ("relmem.commands.play", "render episodes of a trained RL agent (GIF or PNG strip)"),
     "export": ("relmem.commands.export", "a trained model as a folder to share (and to the Hub)"),

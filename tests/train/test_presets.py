@@ -10,9 +10,10 @@ from relmem.tasks import get_preset, get_task, list_presets, list_tasks
 from relmem.tasks.registry import default_preset
 from relmem.train.runs import build_model
 
-LIBRARY_TASKS = {"nth-farthest", "repeat-copy", "copy", "associative-recall", "lte", "lm"}
+LIBRARY_TASKS = {"nth-farthest", "repeat-copy", "copy", "associative-recall", "lte", "lm", "squad"}
 RL_TASKS = {"boxworld", "minipacman"}
-DATA_TASKS = {"lm"}  # need a corpus: tests/tasks/test_language_model.py builds their presets
+DATA_TASKS = {"lm", "squad"}  # need data: tests/tasks/test_language_model.py and
+# tests/reading/test_reading_presets.py build their presets
 PRESETS = [
     (task, entry.library_name)
     for task in sorted(LIBRARY_TASKS - DATA_TASKS)

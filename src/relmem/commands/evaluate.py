@@ -50,6 +50,8 @@ class EvalArgs:
             elsewhere cannot make the command allocate without bound).
         episodes: test episodes of an RL run, at least 2 (its levels are seeded by the run's
             ``task.eval_seed``).
+        data: a file to evaluate on instead of the run's held-out set, for a task that reads
+            one (``squad``: any SQuAD-layout file; ``docs/reading.md``).
     """
 
     run_dir: Annotated[Path, tyro.conf.Positional]
@@ -59,6 +61,7 @@ class EvalArgs:
     json_out: Path | None = None
     max_parameters: int = MAX_PARAMETERS
     episodes: int = 1000
+    data: Path | None = None
 
 
 def main(argv: list[str]) -> int:
@@ -76,13 +79,20 @@ def main(argv: list[str]) -> int:
             args.run_dir, args.checkpoint, device, args.max_parameters, prefer_best=True
         )
         step = _step_of(ckpt)  # now: a running trainer may prune the checkpoint meanwhile
-        if args.test_size is not None:
-            if args.test_size < 1:
+        if args.test_size is not None or args.data is not None:
+            if args.test_size is not None and args.test_size < 1:
                 raise ValueError(f"--test-size must be >= 1, got {args.test_size}")
-            config.task.test_size = args.test_size
+            if args.test_size is not None:
+                config.task.test_size = args.test_size
+            if args.data is not None:
+                if not hasattr(config.task, "dev_file"):
+                    raise ValueError(f"--data: {task_name} runs read no data file")
+                config.task.dev_file = args.data.expanduser().absolute()
             task = get_task(task_name).build(config.task)
         held_out = task.held_out(device)
         result = evaluate(model, task, held_out)
+        answers = task.predictions(model, held_out)
+        official = None if answers is None else task.report(answers, held_out)
         more = {name: evaluate(model, task, b) for name, b in task.more_held_out(device).items()}
         levels = task.breakdown(device)
         breakdown = None if levels is None else evaluate(model, task, levels)
@@ -113,14 +123,35 @@ def main(argv: list[str]) -> int:
         print(f"by {task.group_name}{where}:")
     for group, value in sorted(groups.items()):
         print(f"  {task.group_label(group):28s} {metric.format(value):>8s}")
+    if official is not None:
+        _print_official(official)
+        try:
+            write_json(_record_path(args).with_name("predictions.json"), answers)
+        except OSError as exc:
+            return _error(f"predictions.json beside {_record_path(args)}: {exc.strerror or exc}")
+        print(f"written {_record_path(args).with_name('predictions.json')}")
     fields = {
         "metric": metric.name,
         "group_name": task.group_name,
         **result,
         **({} if breakdown is None else {"breakdown": breakdown}),
         **({"more_held_out": more} if more else {}),
+        **({"official": official} if official is not None else {}),
     }
     return _write_record(args, task_name, config.model, ckpt, step, fields)
+
+
+def _print_official(official: dict[str, dict[str, float]]) -> None:
+    """The official scores' table: questions, exact match and F1, overall then by group."""
+    print("official scores (the SQuAD evaluation script's):")
+    print(f"  {'':28s} {'questions':>9s} {'EM':>6s} {'F1':>6s}")
+    for label, scores in official.items():
+        count = int(scores["total"])
+        print(f"  {label:28s} {count:9d} {scores['exact_match']:6.2f} {scores['f1']:6.2f}")
+        for part in ("HasAns", "NoAns"):
+            if f"{part}_total" in scores and label == "all":
+                em, f1 = scores[f"{part}_exact_match"], scores[f"{part}_f1"]
+                print(f"  {'  ' + part:28s} {int(scores[f'{part}_total']):9d} {em:6.2f} {f1:6.2f}")
 
 
 def _evaluate_rl(args: EvalArgs) -> int:

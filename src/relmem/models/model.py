@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from relmem.cores.base import zero_padding
 from relmem.models.encoders import build_encoder
 from relmem.models.heads import CoreReadout, HeadConfig, get_head
-from relmem.models.registry import get_model
+from relmem.models.registry import get_architecture, get_model, list_models
 from relmem.models.seq2seq import Seq2SeqModel
 from relmem.models.spec import TaskSpec
 
@@ -61,19 +61,25 @@ def _rename_legacy_keys(state_dict: dict[str, Tensor], prefix: str, *args: Any) 
                 state_dict[prefix + new + key[len(prefix + old) :]] = state_dict.pop(key)
 
 
-def build_model(
-    name: str, config: Any, head: HeadConfig, spec: TaskSpec
-) -> SequenceModel | Seq2SeqModel:
+def build_model(name: str, config: Any, head: HeadConfig, spec: TaskSpec) -> nn.Module:
     """The registered core ``name`` (with ``config``) between ``spec``'s encoder and head.
 
     A linear per-step head on a core that ends in a linear layer (``readout``) is folded into
     that layer, so the core emits the logits itself. A task with a ``spec.decoder`` gets a
-    :class:`Seq2SeqModel` around the core (a second one for a separate decoder).
+    :class:`Seq2SeqModel` around the core (a second one for a separate decoder); one with a
+    ``spec.architecture`` gets that registered shape with the core inside.
     """
     entry = get_model(name)
     if not isinstance(config, entry.config_cls):
         raise TypeError(
             f"model {name!r} takes a {entry.config_cls.__name__}, got {type(config).__name__}"
+        )
+    if spec.architecture is not None:
+        return get_architecture(spec.architecture)(name, config, head, spec)
+    if entry.architecture_only:
+        raise ValueError(
+            f"--model {name} is a choice of the reader (relmem train squad) only; this task "
+            f"needs a core: {', '.join(list_models())}"
         )
     head_entry = get_head(spec.output)
     encoder = build_encoder(spec)

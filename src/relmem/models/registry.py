@@ -35,26 +35,30 @@ class ModelEntry:
             or (only for cores with ``readout``) the width the core's own final linear layer
             must emit, so a linear head is folded into it.
         readout: the core ends in a linear layer of any width (the DNC's output layer).
+        architecture_only: only a registered architecture reads it (the reader's ``none``,
+            no memory at all); ``encoder -> core -> head`` models refuse it, and
+            :func:`list_models` leaves it out unless asked.
     """
 
     name: str
     config_cls: type
     build: CoreBuilder
     readout: bool = False
+    architecture_only: bool = False
 
 
 _MODELS: dict[str, ModelEntry] = {}
 
 
 def register_model(
-    name: str, config_cls: type, *, readout: bool = False
+    name: str, config_cls: type, *, readout: bool = False, architecture_only: bool = False
 ) -> Callable[[CoreBuilder], CoreBuilder]:
     """Decorator registering ``build(config, input_size, readout_size) -> core`` as ``name``."""
 
     def decorator(build: CoreBuilder) -> CoreBuilder:
         if name in _MODELS:
             raise ValueError(f"model {name!r} is already registered")
-        _MODELS[name] = ModelEntry(name, config_cls, build, readout)
+        _MODELS[name] = ModelEntry(name, config_cls, build, readout, architecture_only)
         return build
 
     return decorator
@@ -63,10 +67,39 @@ def register_model(
 def get_model(name: str) -> ModelEntry:
     """The registered core ``name``; a ``KeyError`` listing the known ones otherwise."""
     if name not in _MODELS:
-        raise KeyError(f"unknown model {name!r}; known models: {', '.join(list_models())}")
+        raise KeyError(f"unknown model {name!r}; known models: {', '.join(list_models(True))}")
     return _MODELS[name]
 
 
-def list_models() -> list[str]:
-    """Names of every registered core, sorted."""
-    return sorted(_MODELS)
+def list_models(every: bool = False) -> list[str]:
+    """Names of every registered core, sorted; ``every=True`` adds those only an architecture
+    reads (``--model`` choices such as the reader's ``none``)."""
+    return sorted(name for name, entry in _MODELS.items() if every or not entry.architecture_only)
+
+
+ArchitectureBuilder = Callable[[str, Any, Any, Any], nn.Module]
+_ARCHITECTURES: dict[str, ArchitectureBuilder] = {}
+
+
+def register_architecture(name: str) -> Callable[[ArchitectureBuilder], ArchitectureBuilder]:
+    """Decorator registering a model shape other than ``encoder -> core -> head`` that a task
+    asks for by ``TaskSpec.architecture`` (the reader of ``relmem train squad``):
+    ``build(model_name, model_config, head_config, spec) -> model``, the core chosen by
+    ``--model`` inside it. The model is called as ``model(inputs, state, lengths) -> (logits,
+    state)``, as every model the trainer builds."""
+
+    def decorator(build: ArchitectureBuilder) -> ArchitectureBuilder:
+        if name in _ARCHITECTURES:
+            raise ValueError(f"architecture {name!r} is already registered")
+        _ARCHITECTURES[name] = build
+        return build
+
+    return decorator
+
+
+def get_architecture(name: str) -> ArchitectureBuilder:
+    """The registered architecture ``name``; a ``KeyError`` listing the known ones otherwise."""
+    if name not in _ARCHITECTURES:
+        known = ", ".join(sorted(_ARCHITECTURES))
+        raise KeyError(f"unknown architecture {name!r}; known architectures: {known}")
+    return _ARCHITECTURES[name]

@@ -58,6 +58,9 @@ class TaskSpec:
             emits ``decoder.steps`` outputs (:mod:`relmem.models.seq2seq`).
         options: further settings for the task's encoder and head, by name (a language
             model's dropout and softmax: ``{'lm': LMOptions(...)}``).
+        architecture: None for ``encoder -> core -> head``; the name of a registered model
+            shape that holds the chosen core itself (``'reader'``,
+            :func:`relmem.models.registry.register_architecture`).
     """
 
     input_size: int
@@ -68,6 +71,7 @@ class TaskSpec:
     embedding_size: int | None = None
     decoder: DecoderSpec | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    architecture: str | None = None
 
     @property
     def per_step(self) -> bool:

@@ -327,6 +327,17 @@ class Task(ABC):
         model can be used without the task's data."""
         return None
 
+    def predictions(self, model: torch.nn.Module, batch: Batch) -> dict[str, Any] | None:
+        """``model``'s outputs on ``batch`` in the task's official predictions format (a
+        reading task's ``{question id: answer text}``), which ``relmem eval`` writes to
+        ``predictions.json``; None (the default): the task has no such format."""
+        return None
+
+    def report(self, predictions: dict[str, Any], batch: Batch) -> dict[str, dict[str, float]]:
+        """The official figures of :meth:`predictions`' output on ``batch``, overall
+        (``'all'``) and by group label, each ``{figure: value}``, for ``relmem eval``."""
+        raise NotImplementedError(f"{type(self).__name__} makes no predictions")
+
     def breakdown(self, device: torch.device) -> Batch | None:
         """A fixed set spanning the task's difficulty levels, with ``groups``, that
         ``relmem eval`` also reports group by group (None: the held-out set's groups are the

@@ -168,8 +168,9 @@ class _RunConfig(Generic[TaskConfigT]):
         self.out_dir = Path(self.out_dir)
         if self.resume is not None:
             self.resume = Path(self.resume)
-        if self.model not in list_models():
-            raise ValueError(f"model must be one of {', '.join(list_models())}; got {self.model!r}")
+        if self.model not in list_models(every=True):
+            known = ", ".join(list_models(every=True))
+            raise ValueError(f"model must be one of {known}; got {self.model!r}")
         counts = ("steps", "batch_size", "eval_every", "eval_batch", "log_every")
         counts += ("checkpoint_every", "keep_checkpoints")
         if isinstance(self.cpu_threads, str):
@@ -199,7 +200,7 @@ TrainConfig = dataclasses.make_dataclass(
     "TrainConfig",
     [
         (name, get_model(name).config_cls, field(default_factory=get_model(name).config_cls))
-        for name in list_models()
+        for name in list_models(every=True)
     ],
     bases=(_RunConfig[TaskConfigT],),
     namespace={"__module__": __name__},

@@ -1,0 +1,95 @@
+"""``relmem answer RUN_DIR --context FILE_OR_TEXT --question "..."``: a trained reader's answer.
+
+The run's best weights are used; ``--context`` is a text file's path, or the text itself. The
+answer is printed with the reader's probability for it and where it stands in the text (its
+character offsets, line and a window of the context around it).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import tyro
+
+from relmem.commands.errors import describe_error
+from relmem.train.checkpoint import CheckpointError
+from relmem.train.distributed import resolve_device
+
+
+@dataclass
+class AnswerArgs:
+    """Answer questions about a text with a reader trained by ``relmem train squad``.
+
+    Attributes:
+        run_dir: the run directory.
+        context: the text to read: a file's path, or the text itself (text with no whitespace
+            that looks like a path must be a file that exists).
+        question: the question (repeat the option to ask several).
+        checkpoint: a checkpoint directory instead of the run's best.
+        device: auto, cpu, cuda or mps.
+    """
+
+    run_dir: Annotated[Path, tyro.conf.Positional]
+    context: str
+    question: Annotated[list[str], tyro.conf.UseAppendAction] = field(default_factory=list)
+    checkpoint: Path | None = None
+    device: str = "cpu"
+
+
+def read_context(value: str) -> str:
+    """The text ``--context`` means: the file it names, else the value itself.
+
+    Raises:
+        ValueError: it looks like a path (no whitespace, a ``/`` or a file suffix) and no such
+            file exists, or the file is not UTF-8 text.
+    """
+    path = Path(value).expanduser()
+    if path.is_file():
+        try:
+            return path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"--context {path}: not UTF-8 text") from None
+        except OSError as exc:
+            raise ValueError(f"--context {path}: {exc.strerror or exc}") from None
+    looks_like_path = not any(ch.isspace() for ch in value) and (
+        "/" in value or "\\" in value or bool(path.suffix)
+    )
+    if looks_like_path or path.is_dir():
+        kind = "a folder" if path.is_dir() else "no such file"
+        raise ValueError(f"--context {value}: {kind} (pass a text file, or the text itself)")
+    return value
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``relmem answer``; prints each question's answer."""
+    try:
+        args = tyro.cli(AnswerArgs, args=argv, prog="relmem answer")
+    except SystemExit as exc:  # tyro has printed help or a boxed error message
+        return int(exc.code or 0)
+    from relmem.tasks.reading.answer import load_reader
+
+    try:
+        if not args.question:
+            raise ValueError('--question is required (--question "Who ...?")')
+        context = read_context(args.context)
+        reader = load_reader(args.run_dir, args.checkpoint, str(resolve_device(args.device)))
+        answers = reader(context, args.question)
+    except (ValueError, TypeError, KeyError, CheckpointError, OSError) as exc:
+        print(f"relmem answer: error: {describe_error(exc, '--checkpoint')}", file=sys.stderr)
+        return 2
+    assert isinstance(answers, list)
+    for a in answers:
+        print(f"Q: {a.question}")
+        if a.start < 0:
+            print(f"A: (no answer)  probability {a.probability:.3f}")
+            continue
+        line = context.count("\n", 0, a.start) + 1
+        before = context[max(0, a.start - 60) : a.start].replace("\n", " ")
+        after = context[a.end : a.end + 60].replace("\n", " ")
+        print(f"A: {a.text}  probability {a.probability:.3f}")
+        print(f"   characters {a.start}-{a.end} of {len(context)}, line {line}")
+        print(f"   ...{before}[[{a.text}]]{after}...")
+    return 0

@@ -1,0 +1,411 @@
+"""The extractive reader of ``relmem train squad``: MemoReader and its ablations.
+
+A question and a context go through, bottom to top (``docs/reading.md`` §3):
+
+1. :class:`TokenEmbedding`: a word vector, a character CNN's max-pooled filters and two
+   exact-match flags per token.
+2. :class:`DenseBlock` (MemoReader's "expanded GRU"), shared by question and context: a
+   projection ``p_t``, a bidirectional GRU ``r_t``, the dense connection ``g_t = [r_t; p_t]``,
+   trilinear self-attention over ``g`` (within windows of the context, so any length can be
+   read), output ``[r_t; q_t]``.
+3. :class:`CoAttention` (BiDAF's): context-to-question and max-pooled question-to-context
+   attention, fused into ``d_t``.
+4. The memory, chosen by ``--model``: ``dnc`` stacks :class:`~relmem.cores.dnc.
+   MemoryControllerLayer` (MemoReader), any other registered core (``rmc``, ``lstm``) runs
+   in the controller's place with the same dense pre-encoder and residual (:class:`CoreMemory`),
+   and ``none`` leaves ``d_t`` as it is (the paper's ablation).
+5. :class:`SpanHead`: two more GRUs and a linear score per token for the start and the end, and,
+   for data with unanswerable questions, a no-answer score.
+
+:class:`Reader` takes the packed rows of :mod:`relmem.tasks.reading.data` (question block,
+then context) and returns ``logits [B, 1 + T, 2]``: position 0 is "no answer", position
+``1 + t`` is context token ``t``; padded tokens get ``-inf`` and change nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from relmem.cores.dnc import MemoryControllerLayer
+from relmem.cores.dnc.layer import reverse_within_lengths
+from relmem.models.registry import get_model, register_architecture
+from relmem.models.spec import TaskSpec
+
+__all__ = [
+    "CoAttention",
+    "CoreMemory",
+    "DenseBlock",
+    "Reader",
+    "ReaderOptions",
+    "SpanHead",
+    "TokenEmbedding",
+    "windowed_self_attention",
+]
+
+_MASKED = -1e30  # a score no softmax gives weight to (finite, so a fully masked row stays finite)
+
+
+@dataclass(frozen=True)
+class ReaderOptions:
+    """The reader's sizes and its data's layout (``TaskSpec.options['reader']``).
+
+    Attributes:
+        vocab_size, char_vocab_size: word and character ids (0 pad, 1 unknown).
+        question_block: Q, the question steps at the start of every row.
+        chars: C, character ids per token.
+        word_size: the word vectors' width (300 with GloVe).
+        char_embedding, char_channels, char_kernel: the character CNN's embedding width,
+            filters and kernel width.
+        hidden_size: h, units per GRU direction; the dense block emits 6h, the fused document
+            ``d_t`` is 2h wide.
+        attention_window: the context's self-attention runs within windows of this many tokens
+            at two offsets half a window apart, each token taking the window it is more central
+            in (stride window/2).
+        memory_layers: stacked memory controllers (cores) over the fused document.
+        dropout: on the embeddings and every recurrent layer's input.
+        max_answer_tokens: the longest span the reader predicts.
+        no_answer: score "no answer" (data with unanswerable questions).
+        freeze_words: keep the word vectors fixed (pretrained ones, as the paper).
+        word_vectors: returns ``[vocab_size, word_size]`` initial word vectors (None: learned
+            from a random start); called once, when the model is built.
+        eval_rows: rows per forward pass when not training (held-out sets are large).
+    """
+
+    vocab_size: int
+    char_vocab_size: int
+    question_block: int
+    chars: int
+    word_size: int = 100
+    char_embedding: int = 16
+    char_channels: int = 64
+    char_kernel: int = 5
+    hidden_size: int = 48
+    attention_window: int = 128
+    memory_layers: int = 1
+    dropout: float = 0.2
+    max_answer_tokens: int = 17
+    no_answer: bool = False
+    freeze_words: bool = False
+    word_vectors: Callable[[], Tensor] | None = field(default=None, compare=False, repr=False)
+    eval_rows: int = 64
+
+
+def _lengths_mask(lengths: Tensor, steps: int) -> Tensor:
+    """``[B, steps]`` bool, True on each row's first ``lengths[b]`` steps."""
+    return torch.arange(steps, device=lengths.device) < lengths.unsqueeze(1)
+
+
+class _BiGRU(nn.Module):
+    """A bidirectional GRU over right-padded ``[B, T, X]`` rows -> ``[B, T, 2h]``, 0 at padded
+    steps. The backward direction reads each row reversed within its length, so it starts at
+    the row's last token, not at its padding: the packed-sequence result, without the
+    per-step cost of packed sequences on the CPU."""
+
+    def __init__(self, input_size: int, hidden_size: int, dropout: float) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.forward_gru = nn.GRU(input_size, hidden_size, batch_first=True)
+        self.backward_gru = nn.GRU(input_size, hidden_size, batch_first=True)
+
+    def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
+        x = self.dropout(x)
+        ahead, _ = self.forward_gru(x)
+        reversed_x = reverse_within_lengths(x.transpose(0, 1), lengths).transpose(0, 1)
+        back, _ = self.backward_gru(reversed_x)
+        back = reverse_within_lengths(back.transpose(0, 1), lengths).transpose(0, 1)
+        mask = _lengths_mask(lengths, x.shape[1]).unsqueeze(-1).to(x.dtype)
+        return torch.cat([ahead, back], dim=-1) * mask
+
+
+class TokenEmbedding(nn.Module):
+    """``tokens [B, T, 3 + C]`` int -> ``[B, T, word_size + char_channels + 2]``: the word
+    vector, the character CNN (max over the token's characters) and the exact-match flags."""
+
+    def __init__(self, o: ReaderOptions) -> None:
+        super().__init__()
+        self.words = nn.Embedding(o.vocab_size, o.word_size, padding_idx=0)
+        if o.word_vectors is not None and not self.words.weight.is_meta:
+            with torch.no_grad():
+                self.words.weight.copy_(o.word_vectors())
+        self.words.weight.requires_grad_(not o.freeze_words)
+        self.chars = nn.Embedding(o.char_vocab_size, o.char_embedding, padding_idx=0)
+        self.conv = nn.Conv1d(o.char_embedding, o.char_channels, o.char_kernel, padding="same")
+        self.dropout = nn.Dropout(o.dropout)
+        self.output_size = o.word_size + o.char_channels + 2
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        batch, steps = tokens.shape[:2]
+        chars = self.chars(tokens[..., 3:].reshape(batch * steps, -1))  # [BT, C, e]
+        filters = F.relu(self.conv(chars.transpose(1, 2))).amax(dim=2)  # [BT, channels]
+        flags = tokens[..., 1:3].to(filters.dtype)
+        words = self.words(tokens[..., 0])
+        features = torch.cat([words, filters.view(batch, steps, -1)], dim=-1)
+        return torch.cat([self.dropout(features), flags], dim=-1)
+
+
+class Trilinear(nn.Module):
+    """``s_ij = w_a·x_i + w_b·y_j + w_f·(x_i ⊙ y_j)``: ``x [B, I, X]``, ``y [B, J, X]`` ->
+    ``[B, I, J]``."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.w_x = nn.Linear(size, 1)
+        self.w_y = nn.Linear(size, 1, bias=False)
+        self.w_xy = nn.Parameter(torch.empty(size).uniform_(-(size**-0.5), size**-0.5))
+
+    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+        products = torch.bmm(x * self.w_xy, y.transpose(1, 2))
+        return products + self.w_x(x) + self.w_y(y).transpose(1, 2)
+
+
+def windowed_self_attention(
+    g: Tensor, mask: Tensor, window: int, score: Callable[[Tensor, Tensor], Tensor]
+) -> Tensor:
+    """Self-attention ``out_i = Σ_j softmax_j(score(g, g)_ij) g_j`` over each row's valid
+    tokens, a token never attending to itself, computed within windows of ``window`` tokens.
+
+    Rows no longer than ``window`` attend over the whole row. Longer ones are cut into windows
+    twice, at offsets 0 and ``window // 2``, and each token takes its output from the cut in
+    which it lies further from a window's edge: every token is covered, and sees at least
+    ``window // 4`` tokens on each side that the row has.
+
+    Args:
+        g: ``[B, T, X]``. mask: ``[B, T]`` bool, the valid tokens.
+        window: tokens per window. score: ``[b, w, X] x [b, w, X] -> [b, w, w]``.
+
+    Returns:
+        ``[B, T, X]``, zero at padded tokens and at a token alone in its window.
+    """
+    batch, steps, width = g.shape
+    if steps <= window:
+        return _attend(g, mask, score)
+    outputs, centrality = [], []
+    position = torch.arange(steps, device=g.device)
+    for offset in (0, window // 2):
+        blocks = -(-(steps + offset) // window)
+        pad = blocks * window - steps - offset
+        gp = F.pad(g, (0, 0, offset, pad)).reshape(batch * blocks, window, width)
+        mp = F.pad(mask, (offset, pad)).reshape(batch * blocks, window)
+        out = _attend(gp, mp, score).reshape(batch, blocks * window, width)
+        outputs.append(out[:, offset : offset + steps])
+        inside = (position + offset) % window
+        centrality.append(torch.minimum(inside, window - 1 - inside))
+    second = (centrality[1] > centrality[0]).view(1, steps, 1)
+    return torch.where(second, outputs[1], outputs[0])
+
+
+def _attend(g: Tensor, mask: Tensor, score: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    s = score(g, g)  # [b, w, w]
+    steps = g.shape[1]
+    eye = torch.eye(steps, dtype=torch.bool, device=g.device)
+    keys = mask.unsqueeze(1) & ~eye  # [b, w, w]
+    s = s.masked_fill(~keys, _MASKED)
+    out = torch.bmm(torch.softmax(s, dim=-1), g)
+    attends = mask & keys.any(dim=-1)  # a valid token with some other valid token in its window
+    return out * attends.unsqueeze(-1).to(out.dtype)
+
+
+class DenseBlock(nn.Module):
+    """MemoReader's dense encoder block: ``x [B, T, X] -> [B, T, 6h]``, ``[r_t; q_t]`` with
+    ``p_t = ReLU(W x_t)`` (2h), ``r_t = BiGRU(p)_t`` (2h), ``g_t = [r_t; p_t]`` and ``q_t``
+    the windowed trilinear self-attention over ``g`` (4h)."""
+
+    def __init__(self, input_size: int, hidden: int, window: int, dropout: float) -> None:
+        super().__init__()
+        self.project = nn.Linear(input_size, 2 * hidden)
+        self.rnn = _BiGRU(2 * hidden, hidden, dropout)
+        self.score = Trilinear(4 * hidden)
+        self.window = window
+        self.output_size = 6 * hidden
+
+    def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
+        mask = _lengths_mask(lengths, x.shape[1])
+        p = F.relu(self.project(x)) * mask.unsqueeze(-1).to(x.dtype)
+        r = self.rnn(p, lengths)
+        g = torch.cat([r, p], dim=-1)
+        q = windowed_self_attention(g, mask, self.window, self.score)
+        return torch.cat([r, q], dim=-1)
+
+
+class CoAttention(nn.Module):
+    """BiDAF's attention flow: ``c [B, T, X]``, ``q [B, J, X]`` -> ``d [B, T, out]``,
+    ``d_t = ReLU(W [c_t; c̃q_t; c_t ⊙ c̃q_t; c_t ⊙ c̃d])``."""
+
+    def __init__(self, size: int, out: int) -> None:
+        super().__init__()
+        self.score = Trilinear(size)
+        self.fuse = nn.Linear(4 * size, out)
+
+    def forward(self, c: Tensor, c_mask: Tensor, q: Tensor, q_mask: Tensor) -> Tensor:
+        s = self.score(c, q).masked_fill(~q_mask.unsqueeze(1), _MASKED)  # [B, T, J]
+        to_question = torch.bmm(torch.softmax(s, dim=-1), q)  # [B, T, X]
+        best = s.amax(dim=-1).masked_fill(~c_mask, _MASKED)  # [B, T]
+        to_context = torch.bmm(torch.softmax(best, dim=-1).unsqueeze(1), c)  # [B, 1, X]
+        fused = torch.cat([c, to_question, c * to_question, c * to_context], dim=-1)
+        return F.relu(self.fuse(fused)) * c_mask.unsqueeze(-1).to(c.dtype)
+
+
+class _PreEncoder(nn.Module):
+    """A dense block projected back to the document's width, for a memory layer's
+    ``pre_encoder`` (which passes no lengths: they are set on the module before each call)."""
+
+    def __init__(self, size: int, hidden: int, window: int, dropout: float) -> None:
+        super().__init__()
+        self.block = DenseBlock(size, hidden, window, dropout)
+        self.out = nn.Linear(self.block.output_size, size)
+        self.lengths: Tensor | None = None
+
+    def forward(self, d: Tensor) -> Tensor:
+        assert self.lengths is not None, "set lengths before the call"
+        return self.out(self.block(d, self.lengths))
+
+
+class DNCMemory(nn.Module):
+    """MemoReader's memory controller (:class:`MemoryControllerLayer`) with its dense
+    pre-encoder: ``d [B, T, D] -> o [B, T, D]``, residual to ``d``."""
+
+    def __init__(self, size: int, o: ReaderOptions, config: Any) -> None:
+        super().__init__()
+        self.pre = _PreEncoder(size, o.hidden_size, o.attention_window, o.dropout)
+        self.layer = MemoryControllerLayer(
+            size,
+            memory_slots=config.memory_size,
+            word_size=config.word_size,
+            read_heads=config.num_read_heads,
+            pre_encoder=self.pre,
+            batch_first=True,
+        )
+
+    def forward(self, d: Tensor, lengths: Tensor) -> tuple[Tensor, Any]:
+        self.pre.lengths = lengths
+        try:
+            return self.layer(d, lengths=lengths)
+        finally:
+            self.pre.lengths = None
+
+
+class CoreMemory(nn.Module):
+    """A registered core in the memory controller's place: ``o_t = ReLU(W y_t + d_t)`` with
+    ``y = core(pre(d))`` (the same dense pre-encoder), ``d [B, T, D] -> o [B, T, D]``."""
+
+    def __init__(self, size: int, o: ReaderOptions, core: nn.Module) -> None:
+        super().__init__()
+        self.pre = _PreEncoder(size, o.hidden_size, o.attention_window, o.dropout)
+        self.core = core
+        self.out = nn.Linear(core.output_size, size)
+
+    def forward(self, d: Tensor, lengths: Tensor) -> tuple[Tensor, Any]:
+        self.pre.lengths = lengths
+        x = self.pre(d)
+        self.pre.lengths = None
+        y, state = self.core(x, None, lengths=lengths)
+        mask = _lengths_mask(lengths, d.shape[1]).unsqueeze(-1).to(d.dtype)
+        return F.relu(self.out(y) + d) * mask, state
+
+
+class SpanHead(nn.Module):
+    """Start and end scores over the document ``o [B, T, D]`` -> ``logits [B, 1 + T, 2]``
+    (position 0: no answer, ``-inf`` unless ``no_answer``; padded tokens ``-inf``)."""
+
+    def __init__(self, size: int, hidden: int, dropout: float, no_answer: bool) -> None:
+        super().__init__()
+        self.start_rnn = _BiGRU(size, hidden, dropout)
+        self.end_rnn = _BiGRU(size + 2 * hidden, hidden, dropout)
+        self.start = nn.Linear(size + 2 * hidden, 1)
+        self.end = nn.Linear(size + 2 * hidden, 1)
+        self.none = nn.Linear(4 * hidden, 2) if no_answer else None
+
+    def forward(self, o: Tensor, lengths: Tensor) -> Tensor:
+        mask = _lengths_mask(lengths, o.shape[1])
+        m1 = self.start_rnn(o, lengths)
+        m2 = self.end_rnn(torch.cat([o, m1], dim=-1), lengths)
+        scores = torch.cat(
+            [self.start(torch.cat([o, m1], dim=-1)), self.end(torch.cat([o, m2], dim=-1))],
+            dim=-1,
+        )  # [B, T, 2]
+        scores = scores.float().masked_fill(~mask.unsqueeze(-1), float("-inf"))
+        if self.none is None:
+            null = scores.new_full((o.shape[0], 1, 2), float("-inf"))
+        else:
+            pooled = torch.cat([m1, m2], dim=-1).masked_fill(~mask.unsqueeze(-1), _MASKED)
+            null = self.none(pooled.amax(dim=1)).float().unsqueeze(1)
+        return torch.cat([null, scores], dim=1)
+
+
+class Reader(nn.Module):
+    """The reader: packed rows -> span logits (module docstring).
+
+    Shapes:
+        - inputs: ``[B, Q + T, 3 + C]`` int (question block, then context; column 0 the word
+          id, 0 for padding).
+        - lengths: ``[B]`` int64, ``Q`` plus each context's tokens.
+        - returns ``(logits [B, 1 + T, 2], None)``; logits over every row's padded tokens are
+          ``-inf``.
+    """
+
+    def __init__(self, o: ReaderOptions, memory: list[nn.Module]) -> None:
+        super().__init__()
+        self.options = o
+        h = o.hidden_size
+        self.embed = TokenEmbedding(o)
+        self.encode = DenseBlock(self.embed.output_size, h, o.attention_window, o.dropout)
+        self.attend = CoAttention(self.encode.output_size, 2 * h)
+        self.memory = nn.ModuleList(memory)
+        self.head = SpanHead(2 * h, h, o.dropout, o.no_answer)
+
+    def forward(
+        self, inputs: Tensor, state: Any = None, lengths: Tensor | None = None
+    ) -> tuple[Tensor, None]:
+        q = self.options.question_block
+        if lengths is None:
+            lengths = q + (inputs[:, q:, 0] != 0).sum(dim=1)
+        lengths = lengths.to(inputs.device)
+        rows = self.options.eval_rows
+        if self.training or inputs.shape[0] <= rows:
+            return self._read(inputs, lengths), None
+        parts = [
+            self._read(inputs[i : i + rows], lengths[i : i + rows])
+            for i in range(0, inputs.shape[0], rows)
+        ]
+        steps = max(p.shape[1] for p in parts)
+        padded = [F.pad(p, (0, 0, 0, steps - p.shape[1]), value=float("-inf")) for p in parts]
+        return torch.cat(padded), None
+
+    def _read(self, inputs: Tensor, lengths: Tensor) -> Tensor:
+        q = self.options.question_block
+        context_lengths = lengths - q
+        steps = int(context_lengths.max())
+        question_lengths = (inputs[:, :q, 0] != 0).sum(dim=1).clamp(min=1)
+        question = inputs[:, : int(question_lengths.max())].long()
+        context = inputs[:, q : q + steps].long()
+        q_enc = self.encode(self.embed(question), question_lengths)
+        c_enc = self.encode(self.embed(context), context_lengths)
+        q_mask = _lengths_mask(question_lengths, question.shape[1])
+        c_mask = _lengths_mask(context_lengths, steps)
+        d = self.attend(c_enc, c_mask, q_enc, q_mask)
+        for layer in self.memory:
+            d, _ = layer(d, context_lengths)
+        return self.head(d, context_lengths)
+
+
+@register_architecture("reader")
+def build_reader(name: str, config: Any, head: Any, spec: TaskSpec) -> Reader:
+    """The reader with the memory ``name`` names (``--model``): ``dnc`` the memory controller,
+    ``none`` no memory, another core in the controller's place; ``spec.options['reader']``
+    sizes it. ``head`` (the MLP head of last-step tasks) is not used."""
+    o: ReaderOptions = spec.options["reader"]
+    size = 2 * o.hidden_size
+    entry = get_model(name)
+    memory: list[nn.Module] = []
+    for _ in range(o.memory_layers if name != "none" else 0):
+        if name == "dnc":
+            memory.append(DNCMemory(size, o, config))
+        else:
+            memory.append(CoreMemory(size, o, entry.build(config, size, None)))
+    return Reader(o, memory)

@@ -1,0 +1,392 @@
+"""From a SQuAD-layout file to tensors: the vocabulary, the encoded split and its batches.
+
+- :class:`Vocabulary`: lower-cased words and characters of the *training* file (ids 0 pad,
+  1 unknown), so a run's ids never depend on the file it is evaluated on. Its identity (sizes
+  and a SHA-1 of its entries) is what ``data.json`` records.
+- :class:`EncodedSplit`: a file's paragraphs and questions as flat int32 tensors (every token's
+  word id, characters, case-sensitive and lower-cased type ids for the exact-match features,
+  and character offsets) with each question's gold token span.
+- :meth:`EncodedSplit.rows` packs questions into the reader's input layout (below).
+
+Tokenisation is cached beside the data, keyed on the file's SHA-1 (content, not size and
+time), as safetensors (no pickle): ``DIR/.relmem-cache/NAME.SHA1.tokens.safetensors``.
+
+Input layout of one row, ``inputs [B, Q + T, 3 + C]`` int32 (``docs/reading.md`` §3): steps
+``0..Q-1`` are the question (right-padded), steps ``Q..`` the context; column 0 the word id,
+columns 1-2 the exact-match features (the token occurs in the other text, as written and
+lower-cased), columns 3.. the first ``C`` characters' ids. ``lengths [B]`` is ``Q`` plus the
+context's tokens, so trimming a batch to its longest row keeps every question.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from relmem.tasks.reading.squad import SquadFile, align, read_squad, tokenize
+
+__all__ = [
+    "PAD",
+    "UNK",
+    "EncodedSplit",
+    "SplitStats",
+    "TokenizedFile",
+    "Vocabulary",
+    "load_vocabulary",
+    "read_tokenized",
+    "tokenized",
+]
+
+PAD, UNK = 0, 1
+TOKENIZER = "tokenizers.BertPreTokenizer"
+CACHE_DIR = ".relmem-cache"
+CACHE_VERSION = 1
+
+
+def file_sha1(path: Path) -> str:
+    """SHA-1 of a file's bytes."""
+    digest = hashlib.sha1()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """A file's token offsets: ``context_spans [Nc, 2]`` and ``question_spans [Nq, 2]`` int32
+    (start, end) character offsets, and where each text's tokens begin: ``context_starts
+    [P + 1]``, ``question_starts [Q + 1]`` int64."""
+
+    context_spans: Tensor
+    context_starts: Tensor
+    question_spans: Tensor
+    question_starts: Tensor
+
+    @staticmethod
+    def of(squad: SquadFile) -> Tokenized:
+        def flat(texts: list[str]) -> tuple[Tensor, Tensor]:
+            spans = [tokenize(text) for text in texts]
+            counts = torch.tensor([0] + [len(s) for s in spans], dtype=torch.int64)
+            joined = [pair for s in spans for pair in s]
+            table = torch.tensor(joined, dtype=torch.int32).reshape(-1, 2)
+            return table, counts.cumsum(0)
+
+        contexts = flat(squad.contexts)
+        questions = flat([q.text for q in squad.questions])
+        return Tokenized(*contexts, *questions)
+
+
+def _cached_tokens(squad: SquadFile, sha1: str) -> Tokenized:
+    """The file's tokenisation from its cache, or made and cached (when the folder allows)."""
+    cache = squad.path.parent / CACHE_DIR / f"{squad.path.name}.{sha1}.tokens.safetensors"
+    expected = {"tokenizer": TOKENIZER, "version": str(CACHE_VERSION), "sha1": sha1}
+    if cache.exists():
+        try:
+            tensors = load_file(cache)
+            with open(cache, "rb") as handle:  # the header's metadata, without the tensors
+                size = int.from_bytes(handle.read(8), "little")
+                metadata = json.loads(handle.read(size)).get("__metadata__", {})
+            if metadata == expected:
+                return Tokenized(**tensors)
+        except (SafetensorError, OSError, ValueError, TypeError, KeyError):
+            pass  # a damaged or foreign cache is made again
+    tokens = Tokenized.of(squad)
+    try:
+        cache.parent.mkdir(exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+        save_file(dict(tokens.__dict__), tmp, metadata=expected)
+        os.replace(tmp, cache)
+    except OSError as exc:
+        print(f"relmem: not caching the tokens of {squad.path} ({exc.strerror})", file=sys.stderr)
+    return tokens
+
+
+def _texts(text: str, spans: Tensor) -> list[str]:
+    return [text[s:e] for s, e in spans.tolist()]
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """Lower-cased words and characters, ids from 2 (0 pad, 1 unknown), most frequent first.
+
+    Attributes:
+        words: the word of each id from 2.
+        chars: the character of each id from 2.
+    """
+
+    words: tuple[str, ...]
+    chars: tuple[str, ...]
+
+    @staticmethod
+    def build(texts: list[str], min_word_count: int, min_char_count: int) -> Vocabulary:
+        """Every lower-cased token of ``texts`` seen ``min_word_count`` times (characters:
+        ``min_char_count``), ties in first-seen order."""
+        words = Counter(text.lower() for text in texts)
+        chars = Counter(ch for text in texts for ch in text)
+        return Vocabulary(
+            tuple(w for w, n in words.most_common() if n >= min_word_count),
+            tuple(c for c, n in chars.most_common() if n >= min_char_count),
+        )
+
+    @property
+    def size(self) -> int:
+        """Word ids, pad and unknown included."""
+        return len(self.words) + 2
+
+    @property
+    def char_size(self) -> int:
+        """Character ids, pad and unknown included."""
+        return len(self.chars) + 2
+
+    def identity(self) -> dict[str, Any]:
+        """Sizes and SHA-1 of the entries: what the weights' ids mean."""
+        digest = hashlib.sha1("\n".join(self.words).encode())
+        digest.update(b"\0" + "\n".join(self.chars).encode())
+        return {
+            "tokenizer": TOKENIZER,
+            "lowercase": True,
+            "words": self.size,
+            "chars": self.char_size,
+            "sha1": digest.hexdigest(),
+        }
+
+    def word_ids(self, tokens: list[str]) -> Tensor:
+        """``[N]`` int32 ids of ``tokens`` (lower-cased)."""
+        index = self._word_index
+        return torch.tensor([index.get(t.lower(), UNK) for t in tokens], dtype=torch.int32)
+
+    def char_ids(self, tokens: list[str], width: int) -> Tensor:
+        """``[N, width]`` int32 ids of each token's first ``width`` characters (0 after)."""
+        index, pad = self._char_index, [PAD] * width
+        distinct: dict[str, int] = {}
+        positions = [distinct.setdefault(token, len(distinct)) for token in tokens]
+        rows = [([index.get(ch, UNK) for ch in token[:width]] + pad)[:width] for token in distinct]
+        table = torch.tensor(rows, dtype=torch.int32).reshape(len(distinct), width)
+        return table[torch.tensor(positions, dtype=torch.int64)]
+
+    @property
+    def _word_index(self) -> dict[str, int]:
+        cached = self.__dict__.get("_words_cache")
+        if cached is None:
+            cached = {w: i + 2 for i, w in enumerate(self.words)}
+            object.__setattr__(self, "_words_cache", cached)
+        return cached
+
+    @property
+    def _char_index(self) -> dict[str, int]:
+        cached = self.__dict__.get("_chars_cache")
+        if cached is None:
+            cached = {c: i + 2 for i, c in enumerate(self.chars)}
+            object.__setattr__(self, "_chars_cache", cached)
+        return cached
+
+
+@dataclass(frozen=True)
+class SplitStats:
+    """What encoding a split counted: ``answers`` reference answers, ``unaligned`` of them
+    matching no token, ``inexact`` whose token span's text differs from the reference (a
+    reference starting or ending inside a token), ``truncated_questions`` longer than the
+    question block."""
+
+    answers: int
+    unaligned: int
+    inexact: int
+    truncated_questions: int
+
+
+def _type_ids(tokens: list[str], table: dict[str, int]) -> Tensor:
+    return torch.tensor([table.setdefault(t, len(table)) for t in tokens], dtype=torch.int32)
+
+
+class EncodedSplit:
+    """A SQuAD-layout file as tensors, ready to be packed into rows.
+
+    Attributes:
+        squad: the file as read.
+        sha1: the file's SHA-1.
+        words, chars, cased, lowered, spans: per context token (``[Nc]``, ``[Nc, C]``,
+            ``[Nc]``, ``[Nc]``, ``[Nc, 2]`` int32); ``starts [P + 1]`` bounds each paragraph.
+        q_words, q_chars, q_cased, q_lowered, q_starts: the same for the questions.
+        gold: ``[Q, 2]`` int64 the first reference's token span (-1 -1: none, unanswerable or
+            not aligned).
+        context_tokens: ``[Q]`` int64 each question's context length in tokens.
+        stats: the alignment's counts.
+    """
+
+    def __init__(self, text: TokenizedFile, vocabulary: Vocabulary, chars: int) -> None:
+        squad, tokens = text.squad, text.tokens
+        self.squad, self.sha1 = squad, text.sha1
+        context_text, question_text = text.context_text, text.question_text
+        cased: dict[str, int] = {}
+        lowered: dict[str, int] = {}
+        self.spans, self.starts = tokens.context_spans, tokens.context_starts
+        self.q_starts = tokens.question_starts
+        self.words = vocabulary.word_ids(context_text)
+        self.chars = vocabulary.char_ids(context_text, chars)
+        self.cased = _type_ids(context_text, cased)
+        self.lowered = _type_ids([t.lower() for t in context_text], lowered)
+        self.q_words = vocabulary.word_ids(question_text)
+        self.q_chars = vocabulary.char_ids(question_text, chars)
+        self.q_cased = _type_ids(question_text, cased)
+        self.q_lowered = _type_ids([t.lower() for t in question_text], lowered)
+        gold, unaligned, inexact, answers = [], 0, 0, 0
+        every_span, bounds = tokens.context_spans.tolist(), self.starts.tolist()
+        paragraph_spans = [every_span[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+        for q in squad.questions:
+            spans = paragraph_spans[q.paragraph]
+            first = None
+            for text, start in zip(q.answers, q.answer_starts, strict=True):
+                answers += 1
+                span = align(spans, start, start + len(text))
+                if span is None:
+                    unaligned += 1
+                    continue
+                context = squad.contexts[q.paragraph]
+                if context[spans[span[0]][0] : spans[span[1]][1]] != text:
+                    inexact += 1
+                first = first or span
+            gold.append(first or (-1, -1))
+        self.gold = torch.tensor(gold, dtype=torch.int64).reshape(-1, 2)
+        sizes = self.starts.diff()
+        self.context_tokens = sizes[[q.paragraph for q in squad.questions]]
+        self.question_tokens = self.q_starts.diff()
+        self._counts = (answers, unaligned, inexact)
+
+    def __len__(self) -> int:
+        return len(self.squad.questions)
+
+    def stats(self, question_block: int) -> SplitStats:
+        """The alignment's counts, and the questions longer than ``question_block`` tokens."""
+        truncated = int((self.question_tokens > question_block).sum())
+        return SplitStats(*self._counts, truncated)
+
+    def rows(
+        self, index: Tensor, question_block: int, max_context: int | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Questions ``index [B]`` packed in the reader's layout (module docstring).
+
+        Args:
+            question_block: Q, question tokens kept (longer questions are cut).
+            max_context: context tokens kept (None: all); a gold span beyond is dropped.
+
+        Returns:
+            ``(inputs [B, Q + T, 3 + C] int32, lengths [B] int64, gold [B, 2] int64)``, T the
+            longest kept context.
+        """
+        questions = self.squad.questions
+        picked = index.tolist()
+        lengths = self.context_tokens[index]
+        if max_context is not None:
+            lengths = lengths.clamp(max=max_context)
+        steps = question_block + int(lengths.max())
+        inputs = torch.zeros(len(picked), steps, 3 + self.chars.shape[1], dtype=torch.int32)
+        gold = self.gold[index].clone()
+        for row, i in enumerate(picked):
+            q0, q1 = int(self.q_starts[i]), int(self.q_starts[i + 1])
+            q1 = min(q1, q0 + question_block)
+            p = questions[i].paragraph
+            c0 = int(self.starts[p])
+            c1 = c0 + int(lengths[row])
+            q_cased, c_cased = self.q_cased[q0:q1], self.cased[c0:c1]
+            q_lowered, c_lowered = self.q_lowered[q0:q1], self.lowered[c0:c1]
+            question = inputs[row, : q1 - q0]
+            question[:, 0] = self.q_words[q0:q1]
+            question[:, 1] = torch.isin(q_cased, c_cased)
+            question[:, 2] = torch.isin(q_lowered, c_lowered)
+            question[:, 3:] = self.q_chars[q0:q1]
+            context = inputs[row, question_block : question_block + c1 - c0]
+            context[:, 0] = self.words[c0:c1]
+            context[:, 1] = torch.isin(c_cased, q_cased)
+            context[:, 2] = torch.isin(c_lowered, q_lowered)
+            context[:, 3:] = self.chars[c0:c1]
+            if gold[row, 1] >= c1 - c0:
+                gold[row] = -1
+        return inputs, lengths + question_block, gold
+
+    def answer_text(self, question: int, first: int, last: int) -> tuple[str, int, int]:
+        """The context's text of tokens ``first..last`` of ``question``'s paragraph, with its
+        character offsets ``(text, start, end)``."""
+        p = self.squad.questions[question].paragraph
+        c0 = int(self.starts[p])
+        start = int(self.spans[c0 + first, 0])
+        end = int(self.spans[c0 + last, 1])
+        return self.squad.contexts[p][start:end], start, end
+
+
+def _part(tokens: Tokenized, i: int, context: bool) -> Tensor:
+    spans, starts = (
+        (tokens.context_spans, tokens.context_starts)
+        if context
+        else (tokens.question_spans, tokens.question_starts)
+    )
+    return spans[int(starts[i]) : int(starts[i + 1])]
+
+
+@dataclass(frozen=True)
+class TokenizedFile:
+    """A checked file, its SHA-1, its tokens' offsets and their texts (``context_text``: every
+    paragraph's tokens in order; ``question_text``: every question's)."""
+
+    squad: SquadFile
+    sha1: str
+    tokens: Tokenized
+    context_text: list[str]
+    question_text: list[str]
+
+
+def read_tokenized(path: Path) -> TokenizedFile:
+    """Read and check ``path`` (:func:`read_squad`) and tokenise it (cached by its SHA-1)."""
+    squad = read_squad(path)
+    sha1 = file_sha1(path)
+    return tokenized(squad, sha1, _cached_tokens(squad, sha1))
+
+
+def tokenized(squad: SquadFile, sha1: str = "", tokens: Tokenized | None = None) -> TokenizedFile:
+    """``squad`` with its tokens (made here when ``tokens`` is None, uncached: a file in
+    memory, such as ``relmem answer``'s question)."""
+    tokens = Tokenized.of(squad) if tokens is None else tokens
+    contexts = [_texts(c, _part(tokens, i, True)) for i, c in enumerate(squad.contexts)]
+    questions = [_texts(q.text, _part(tokens, i, False)) for i, q in enumerate(squad.questions)]
+    return TokenizedFile(
+        squad, sha1, tokens, [t for c in contexts for t in c], [t for q in questions for t in q]
+    )
+
+
+def load_vocabulary(train: TokenizedFile, min_word_count: int, min_char_count: int) -> Vocabulary:
+    """The vocabulary of the training file ``train``, cached beside it as JSON."""
+    name = f"{train.squad.path.name}.{train.sha1}.vocab-{min_word_count}-{min_char_count}.json"
+    cache = train.squad.path.parent / CACHE_DIR / name
+    try:
+        stored = json.loads(cache.read_text(encoding="utf-8"))
+        if stored.get("tokenizer") == TOKENIZER and stored.get("version") == CACHE_VERSION:
+            return Vocabulary(tuple(stored["words"]), tuple(stored["chars"]))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        pass  # missing or damaged: made again
+    vocabulary = Vocabulary.build(
+        train.context_text + train.question_text, min_word_count, min_char_count
+    )
+    record = {"tokenizer": TOKENIZER, "version": CACHE_VERSION}
+    record |= {"words": list(vocabulary.words), "chars": list(vocabulary.chars)}
+    try:
+        cache.parent.mkdir(exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
+        os.replace(tmp, cache)
+    except OSError as exc:
+        print(
+            f"relmem: not caching the vocabulary of {train.squad.path} ({exc.strerror})",
+            file=sys.stderr,
+        )
+    return vocabulary

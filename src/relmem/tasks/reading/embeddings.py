@@ -1,0 +1,89 @@
+"""Pretrained word vectors in GloVe's text format (``--task.embeddings PATH``).
+
+The file is streamed line by line (``word v_1 .. v_D``) and only the vocabulary's words are
+kept, so GloVe's 840B release (5.6 GB) costs one pass, not its size in memory. A vocabulary
+word takes the vector of its lower-cased form when the file has one, else of its first cased
+form (GloVe 840B is cased; the vocabulary is lower-cased). The restricted matrix is cached
+beside the file (safetensors), keyed on the vocabulary and the file's size and modification
+time, so a later build of the same run's model does not read the file again.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from relmem.tasks.reading.data import CACHE_DIR, PAD, Vocabulary
+
+__all__ = ["read_word_vectors"]
+
+
+def read_word_vectors(path: Path, vocabulary: Vocabulary, size: int) -> Tensor:
+    """``[vocabulary.size, size]`` float32 initial word vectors: the file's vector for each
+    word it has, ``N(0, 0.1²)`` for the others (seeded by the torch generator), 0 for padding.
+
+    Raises:
+        ValueError: the file is missing, not UTF-8, or a line's width differs from ``size``
+            (naming the line and ``--task.word-size``).
+    """
+    path = Path(path)
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise ValueError(f"--task.embeddings {path}: {exc.strerror or exc}") from None
+    key = f"{vocabulary.identity()['sha1']}-{stat.st_size}-{stat.st_mtime_ns}-{size}"
+    cache = path.parent / CACHE_DIR / f"{path.name}.{key}.safetensors"
+    try:
+        return load_file(cache)["vectors"]
+    except (OSError, SafetensorError, KeyError):
+        pass
+    index = {word: i + 2 for i, word in enumerate(vocabulary.words)}
+    vectors = torch.randn(vocabulary.size, size) * 0.1
+    vectors[PAD] = 0
+    exact = torch.zeros(vocabulary.size, dtype=torch.bool)
+    seen = torch.zeros(vocabulary.size, dtype=torch.bool)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                parts = line.rstrip("\n").rstrip(" ").split(" ")
+                if len(parts) - 1 != size:
+                    raise ValueError(
+                        f"--task.embeddings {path} line {number}: {len(parts) - 1} numbers "
+                        f"after the word, expected {size} (--task.word-size {size}); pass "
+                        "--task.word-size with the file's width"
+                    )
+                word = parts[0]
+                i = index.get(word.lower())
+                if i is None or exact[i] or (seen[i] and word != word.lower()):
+                    continue
+                try:
+                    vectors[i] = torch.tensor([float(x) for x in parts[1:]])
+                except ValueError:
+                    raise ValueError(
+                        f"--task.embeddings {path} line {number}: not a number in the vector "
+                        f"of {word!r}"
+                    ) from None
+                seen[i] = True
+                exact[i] = word == word.lower()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"--task.embeddings {path}: not UTF-8 text ({exc.reason})") from None
+    except OSError as exc:
+        raise ValueError(f"--task.embeddings {path}: {exc.strerror or exc}") from None
+    print(
+        f"relmem: {int(seen.sum()):,} of {vocabulary.size - 2:,} words have vectors in {path}",
+        file=sys.stderr,
+    )
+    try:
+        cache.parent.mkdir(exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+        save_file({"vectors": vectors.contiguous()}, tmp)
+        os.replace(tmp, cache)
+    except OSError:
+        pass  # a read-only folder: read the file again next time
+    return vectors

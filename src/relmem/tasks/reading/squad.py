@@ -1,0 +1,199 @@
+"""Reading files in SQuAD's JSON layout (v1.1, v2.0, and conversions such as TriviaQA's).
+
+A file is checked whole before anything is built from it: every error names the file and the
+record (``data[3].paragraphs[0].qas[7]``). Contexts and questions are split into tokens that
+keep their character offsets (:func:`tokenize`), so a span of tokens maps back to the exact
+text of the context, its case and spacing included; each reference answer is mapped from its
+``answer_start`` to a token span (:func:`align`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Question",
+    "SquadError",
+    "SquadFile",
+    "align",
+    "read_squad",
+    "tokenize",
+]
+
+
+class SquadError(ValueError):
+    """A file that is not valid SQuAD-layout JSON; the message names the file and the record."""
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question of a file.
+
+    Attributes:
+        qid: its id, unique in the file.
+        text: the question.
+        paragraph: index of its context in :attr:`SquadFile.contexts`.
+        answers: the reference answers' texts (empty: unanswerable, v2.0).
+        answer_starts: each reference's character offset in the context.
+    """
+
+    qid: str
+    text: str
+    paragraph: int
+    answers: tuple[str, ...]
+    answer_starts: tuple[int, ...]
+
+    @property
+    def answerable(self) -> bool:
+        """Whether the question has a reference answer."""
+        return bool(self.answers)
+
+
+@dataclass(frozen=True)
+class SquadFile:
+    """A file's paragraphs and questions, in file order.
+
+    Attributes:
+        path: where it was read from.
+        contexts: every paragraph's text.
+        titles: the article title of each paragraph.
+        questions: every question, each pointing at its paragraph.
+    """
+
+    path: Path
+    contexts: list[str]
+    titles: list[str]
+    questions: list[Question]
+
+    @property
+    def has_unanswerable(self) -> bool:
+        """Whether some question has no answer (a v2.0 file)."""
+        return any(not q.answerable for q in self.questions)
+
+    def articles(self) -> list[str]:
+        """The distinct article titles, in file order."""
+        return list(dict.fromkeys(self.titles))
+
+
+def _fail(path: Path, where: str, message: str) -> SquadError:
+    return SquadError(f"{path}: {where}: {message}")
+
+
+def _field(path: Path, where: str, record: Any, key: str, kind: type) -> Any:
+    if not isinstance(record, dict):
+        raise _fail(path, where, f"expected a JSON object, got {type(record).__name__}")
+    if key not in record:
+        raise _fail(path, where, f"has no {key!r}")
+    value = record[key]
+    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+        raise _fail(path, f"{where}.{key}", f"expected {kind.__name__}, got {value!r:.60}")
+    return value
+
+
+def read_squad(path: Path) -> SquadFile:
+    """Read and check a file in SQuAD's layout.
+
+    Raises:
+        SquadError: the file is missing, not UTF-8, not JSON, or a record breaks the layout:
+            no ``data`` list, an empty context, a question without an id, a duplicate id, an
+            answer whose ``answer_start`` lies outside its context.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SquadError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        document = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise SquadError(
+            f"{path}: not UTF-8 text (byte {exc.start}); SQuAD files are UTF-8"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise SquadError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    articles = _field(path, "the top level", document, "data", list)
+    contexts: list[str] = []
+    titles: list[str] = []
+    questions: list[Question] = []
+    seen: dict[str, str] = {}
+    for a, article in enumerate(articles):
+        where = f"data[{a}]"
+        title = article.get("title", f"article {a}") if isinstance(article, dict) else ""
+        for p, paragraph in enumerate(_field(path, where, article, "paragraphs", list)):
+            at = f"{where}.paragraphs[{p}]"
+            context = _field(path, at, paragraph, "context", str)
+            if not context.strip():
+                raise _fail(path, f"{at}.context", "is empty")
+            index = len(contexts)
+            contexts.append(context)
+            titles.append(str(title))
+            for k, qa in enumerate(_field(path, at, paragraph, "qas", list)):
+                questions.append(_question(path, f"{at}.qas[{k}]", qa, context, index, seen))
+    if not questions:
+        raise SquadError(f"{path}: holds no questions")
+    return SquadFile(path, contexts, titles, questions)
+
+
+def _question(
+    path: Path, where: str, qa: Any, context: str, paragraph: int, seen: dict[str, str]
+) -> Question:
+    qid = _field(path, where, qa, "id", str)
+    if not qid:
+        raise _fail(path, f"{where}.id", "is empty")
+    if qid in seen:
+        raise _fail(path, f"{where}.id", f"{qid!r} repeats the id of {seen[qid]}")
+    seen[qid] = where
+    text = _field(path, where, qa, "question", str)
+    impossible = qa.get("is_impossible", False)
+    if not isinstance(impossible, bool):
+        raise _fail(path, f"{where}.is_impossible", f"expected true or false, got {impossible!r}")
+    answers = [] if impossible else _field(path, where, qa, "answers", list)
+    texts, starts = [], []
+    for j, answer in enumerate(answers):
+        at = f"{where}.answers[{j}]"
+        answer_text = _field(path, at, answer, "text", str)
+        start = _field(path, at, answer, "answer_start", int)
+        if not 0 <= start < len(context) or start + len(answer_text) > len(context):
+            raise _fail(
+                path,
+                f"{at}.answer_start",
+                f"{start} (answer of {len(answer_text)} characters) lies outside its context "
+                f"of {len(context)} characters",
+            )
+        texts.append(answer_text)
+        starts.append(start)
+    if not impossible and not texts:
+        raise _fail(path, f"{where}.answers", "is empty, and is_impossible is not true")
+    return Question(qid, text, paragraph, tuple(texts), tuple(starts))
+
+
+_PRE_TOKENIZER: Any = None
+
+
+def tokenize(text: str) -> list[tuple[int, int]]:
+    """The tokens of ``text`` as ``(start, end)`` character offsets (``text[start:end]``).
+
+    Hugging Face ``tokenizers``' BERT pre-tokenizer: split at whitespace and around every
+    punctuation character, offsets into the original string (``docs/reading.md`` §2).
+    """
+    global _PRE_TOKENIZER
+    if _PRE_TOKENIZER is None:
+        from tokenizers.pre_tokenizers import BertPreTokenizer
+
+        _PRE_TOKENIZER = BertPreTokenizer()
+    return [span for _, span in _PRE_TOKENIZER.pre_tokenize_str(text)]
+
+
+def align(spans: list[tuple[int, int]], start: int, end: int) -> tuple[int, int] | None:
+    """The token span ``(first, last)`` (inclusive) covering characters ``start..end-1``, or
+    None when no token overlaps them (an answer of only whitespace). ``spans`` are ordered
+    ``(start, end)`` character offsets."""
+    first = bisect.bisect_right([e for _, e in spans], start)  # the first token ending after
+    last = bisect.bisect_left([s for s, _ in spans], end) - 1  # the last token starting before
+    if first > last:
+        return None
+    return first, last

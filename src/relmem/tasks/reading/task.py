@@ -1,0 +1,429 @@
+"""Extractive question answering on SQuAD-layout files (``relmem train squad``).
+
+Each row is one question with its whole context (``relmem.tasks.reading.data``'s layout); the
+reader scores every context token as the answer's start and end, and the predicted answer is
+the best span of at most ``max_answer_tokens`` tokens (or "no answer", for data that has
+unanswerable questions). The loss is the sum of the start's and the end's cross-entropy over
+the whole context: one softmax over every window of a long document, the shared normalisation
+of ``allenai/document-qa``. The metric is SQuAD's official F1 (and exact match), computed on
+the predicted *text* against every reference answer (:mod:`relmem.tasks.reading.metric`),
+reported overall and by context length (the groups).
+
+Data (``docs/reading.md`` §2): ``--data-dir DIR`` with ``train-v1.1.json`` and
+``dev-v1.1.json`` (or the v2.0 names), or ``--task.train-file`` / ``--task.dev-file``, or
+``--dataset squad | squad_v2`` (Hugging Face ``datasets``, online). With a train file alone,
+``--task.held-out-articles F`` holds out that share of its articles, drawn by
+``--task.split-seed``, as the evaluation set: what a user without the train file does with the
+dev file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import torch
+import tyro
+from torch import Tensor
+
+from relmem.models.reader import ReaderOptions
+from relmem.tasks.base import Batch, Measure, MetricSpec, Task, TaskSpec
+from relmem.tasks.reading import sources
+from relmem.tasks.reading.data import (
+    EncodedSplit,
+    Vocabulary,
+    load_vocabulary,
+    read_tokenized,
+    tokenized,
+)
+from relmem.tasks.reading.embeddings import read_word_vectors
+from relmem.tasks.reading.metric import score_predictions, squad_scores
+from relmem.tasks.reading.squad import Question, SquadFile
+from relmem.tasks.registry import register_task
+from relmem.validation import check_at_least
+
+__all__ = ["Reading", "ReadingConfig", "best_spans"]
+
+F1 = MetricSpec("f1", True, "F1", "f1", percent=True)
+EXACT_MATCH = MetricSpec("exact_match", True, "exact match", "em", percent=True)
+HAS_ANSWER_F1 = MetricSpec("has_answer_f1", True, "F1 on answerable questions", "hf1", True)
+NO_ANSWER_F1 = MetricSpec("no_answer_f1", True, "F1 on unanswerable questions", "nf1", True)
+
+# which split a row's question comes from (targets[:, 3]); ASKED: questions given at run time
+TRAIN, HELD_OUT, ASKED = 0, 1, 2
+
+
+@dataclass
+class ReadingConfig:
+    """The data, its layout and the reader's sizes (``--data-dir``, ``--task.*``).
+
+    Attributes:
+        data_dir: a folder with ``train-v1.1.json`` and ``dev-v1.1.json`` (or
+            ``train-v2.0.json`` and ``dev-v2.0.json``); made absolute.
+        dataset: 'squad' or 'squad_v2', fetched with Hugging Face ``datasets`` into
+            ``$RELMEM_DATA`` (online, the ``data`` extra) when no files are given.
+        train_file: the training file (overrides ``data_dir``'s).
+        dev_file: the evaluation file (overrides ``data_dir``'s).
+        held_out_articles: leave this share of the train file's articles (drawn by
+            ``split_seed``) out of training and of the vocabulary; with no dev file, they are
+            the evaluation set (with one, such as ``relmem eval --data``'s, they stay unused).
+        split_seed: draws the held-out articles.
+        test_size: evaluate on the first N held-out questions only (None: all).
+        embeddings: a GloVe-format text file (``word v1 .. vD`` per line, D = ``word_size``):
+            the word vectors start there, and stay fixed (None: learned from scratch).
+        min_word_count: training-file occurrences a word needs to get its own id.
+        min_char_count: occurrences a character needs to get its own id.
+        chars: characters per token the character CNN reads.
+        question_tokens: Q, question tokens kept (longer ones are cut, and counted).
+        max_context_tokens: context tokens a *training* row keeps (None: all; evaluation
+            always reads whole contexts).
+        max_answer_tokens: the longest predicted span.
+        word_size, char_embedding, char_channels, char_kernel, hidden_size,
+        attention_window, memory_layers, dropout: the reader's sizes
+            (:class:`relmem.models.reader.ReaderOptions`).
+        length_buckets: context-length boundaries (tokens) of the by-length breakdown.
+    """
+
+    data_dir: Annotated[Path | None, tyro.conf.arg(aliases=("--data-dir",))] = None
+    dataset: Annotated[
+        Literal["squad", "squad_v2"] | None, tyro.conf.arg(aliases=("--dataset",))
+    ] = None
+    train_file: Path | None = None
+    dev_file: Path | None = None
+    held_out_articles: float | None = None
+    split_seed: int = 0
+    test_size: int | None = None
+    embeddings: Path | None = None
+    min_word_count: int = 1
+    min_char_count: int = 5
+    chars: int = 16
+    question_tokens: int = 40
+    max_context_tokens: int | None = 400
+    max_answer_tokens: int = 17
+    word_size: int = 100
+    char_embedding: int = 16
+    char_channels: int = 64
+    char_kernel: int = 5
+    hidden_size: int = 48
+    attention_window: int = 128
+    memory_layers: int = 1
+    dropout: float = 0.2
+    length_buckets: tuple[int, ...] = (100, 150, 200, 300)
+
+    def __post_init__(self) -> None:
+        for name in ("data_dir", "train_file", "dev_file", "embeddings"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, Path(value).expanduser().absolute())
+        check_at_least(
+            "task.",
+            self,
+            min_word_count=1,
+            min_char_count=1,
+            chars=1,
+            question_tokens=1,
+            max_answer_tokens=1,
+            word_size=1,
+            char_embedding=1,
+            char_channels=1,
+            char_kernel=1,
+            hidden_size=1,
+            attention_window=2,
+            memory_layers=1,
+            max_context_tokens=1,
+            test_size=1,
+        )
+        if self.held_out_articles is not None and not 0 < self.held_out_articles < 1:
+            raise ValueError(
+                f"task.held_out_articles must lie in (0, 1), got {self.held_out_articles}"
+            )
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"task.dropout must lie in [0, 1), got {self.dropout}")
+        self.length_buckets = tuple(self.length_buckets)
+        if list(self.length_buckets) != sorted(set(self.length_buckets)) or any(
+            b < 1 for b in self.length_buckets
+        ):
+            raise ValueError(
+                f"task.length_buckets must be increasing positive token counts, got "
+                f"{self.length_buckets}"
+            )
+
+
+class Reading(Task):
+    """SQuAD-style reading: ``inputs [B, Q + T, 3 + C]`` packed rows, ``targets [B, 4]``
+    (gold start and end token, -1 -1 when none; the question's index; its split),
+    ``groups`` the context-length bucket, ``lengths`` Q + context tokens.
+
+    Attributes:
+        vocabulary: the training file's words and characters.
+        train, held: the encoded files the training and evaluation questions come from (the
+            same one when articles are held out).
+        train_index, held_index: ``[N]`` int64 the questions of each split, in those files.
+    """
+
+    metric = F1
+    keep_best = True
+    fresh_batches = False  # training questions are all there is besides the held-out ones
+    group_name = "context length"
+
+    def __init__(self, config: ReadingConfig) -> None:
+        self.config = config
+        self._asked: EncodedSplit | None = None
+        train_path, dev_path = sources.resolve(config)
+        train_text = read_tokenized(train_path)
+        held_articles: set[str] = set()
+        if config.held_out_articles is not None:
+            held_articles = sources.held_out_articles(
+                train_text.squad, config.held_out_articles, config.split_seed
+            )
+        vocabulary_text = sources.without_articles(train_text, held_articles)
+        self.vocabulary: Vocabulary = load_vocabulary(
+            vocabulary_text, config.min_word_count, config.min_char_count
+        )
+        self.train = EncodedSplit(train_text, self.vocabulary, config.chars)
+        self.held = (
+            self.train
+            if dev_path is None
+            else EncodedSplit(read_tokenized(dev_path), self.vocabulary, config.chars)
+        )
+        in_held = torch.tensor([t in held_articles for t in self.train.squad.titles])
+        paragraphs = torch.tensor([q.paragraph for q in self.train.squad.questions])
+        usable = (self.train.gold[:, 0] >= 0) | ~torch.tensor(
+            [q.answerable for q in self.train.squad.questions]
+        )
+        self.train_index = torch.nonzero(~in_held[paragraphs] & usable).flatten()
+        if dev_path is None:
+            self.held_index = torch.nonzero(in_held[paragraphs]).flatten()
+        else:
+            self.held_index = torch.arange(len(self.held))
+        if config.test_size is not None:
+            self.held_index = self.held_index[: config.test_size]
+        if not len(self.train_index):
+            raise ValueError(f"{train_path}: no training question has an aligned answer")
+        lengths = self.train.context_tokens[self.train_index]
+        self._by_length = self.train_index[torch.argsort(lengths, stable=True)]
+        self.unanswerable = any(
+            not self.held.squad.questions[i].answerable for i in self.held_index.tolist()
+        ) or any(not q.answerable for q in self.train.squad.questions)
+        self.extra_metrics = (EXACT_MATCH,) + (
+            (HAS_ANSWER_F1, NO_ANSWER_F1) if self.unanswerable else ()
+        )
+        self.num_groups = len(config.length_buckets) + 1
+        longest = int(self.held.context_tokens[self.held_index].max())
+        vectors = None
+        if config.embeddings is not None:
+            path, words, size = config.embeddings, self.vocabulary, config.word_size
+            vectors = lambda: read_word_vectors(path, words, size)  # noqa: E731
+        self.spec = TaskSpec(
+            input_size=self.vocabulary.size,
+            seq_len=config.question_tokens + longest,
+            output_size=2,
+            output="span",
+            encoding="reader",
+            architecture="reader",
+            options={
+                "reader": ReaderOptions(
+                    vocab_size=self.vocabulary.size,
+                    char_vocab_size=self.vocabulary.char_size,
+                    question_block=config.question_tokens,
+                    chars=config.chars,
+                    word_size=config.word_size,
+                    char_embedding=config.char_embedding,
+                    char_channels=config.char_channels,
+                    char_kernel=config.char_kernel,
+                    hidden_size=config.hidden_size,
+                    attention_window=config.attention_window,
+                    memory_layers=config.memory_layers,
+                    dropout=config.dropout,
+                    max_answer_tokens=config.max_answer_tokens,
+                    no_answer=self.unanswerable,
+                    freeze_words=config.embeddings is not None,
+                    word_vectors=vectors,
+                )
+            },
+        )
+
+    # -- batches ---------------------------------------------------------------------------
+
+    def _batch(self, split: int, index: Tensor, max_context: int | None) -> Batch:
+        encoded = self._encoded(split)
+        inputs, lengths, gold = encoded.rows(index, self.config.question_tokens, max_context)
+        targets = torch.cat(
+            [gold, index.unsqueeze(1), torch.full_like(index, split).unsqueeze(1)], dim=1
+        )
+        context = encoded.context_tokens[index]
+        groups = torch.bucketize(context, torch.tensor(self.config.length_buckets), right=True)
+        return Batch(inputs, targets, groups, None, lengths)
+
+    def sample(self, batch_size: int, generator: torch.Generator, step: int = 0) -> Batch:
+        """``batch_size`` training questions of similar context lengths: the training
+        questions sorted by context length are cut into buckets of ``8 · batch_size``; a
+        position drawn uniformly picks the bucket (so a bucket is drawn in proportion to its
+        size, and every question is equally likely), then the rows are drawn uniformly from
+        it, with replacement. Similar lengths waste less compute on padding."""
+        device = generator.device
+        count = len(self.train_index)
+        ordered = self._by_length
+        size = min(8 * batch_size, count)
+        position = int(torch.randint(count, (1,), generator=generator, device=device))
+        first = min(position // size * size, max(count - size, 0))
+        last = count if first + 2 * size > count else first + size  # the tail joins the last
+        draw = torch.randint(last - first, (batch_size,), generator=generator, device=device)
+        index = ordered[first + draw.cpu()]
+        return self._batch(TRAIN, index, self.config.max_context_tokens).to(device)
+
+    def held_out(self, device: torch.device) -> Batch:
+        """Every held-out question (or the first ``test_size``), shortest context first."""
+        index = self.held_index
+        order = torch.argsort(self.held.context_tokens[index], stable=True)
+        return self._batch(HELD_OUT, index[order], None).to(device)
+
+    # -- scores ----------------------------------------------------------------------------
+
+    def measure(self, logits: Tensor, batch: Batch) -> dict[str, Measure]:
+        """Per question: the start and end cross-entropy (0 for a question whose answer did
+        not align: it is still scored), and the official F1 and exact match of the predicted
+        text."""
+        logits = logits.float()
+        gold = batch.targets[:, :2]
+        target = torch.where(gold >= 0, gold + 1, torch.zeros_like(gold))  # 0: no answer
+        trainable = (gold[:, 0] >= 0) | ~self._answerable(batch)
+        xent = torch.nn.functional.cross_entropy(logits, target, reduction="none").sum(dim=1)  # [B]
+        loss = torch.where(trainable, xent, torch.zeros_like(xent))
+        texts = self.predicted_texts(logits, batch)
+        scores = [
+            squad_scores(text, self._question(batch, row).answers) for row, text in enumerate(texts)
+        ]
+        em = torch.tensor([s[0] for s in scores], dtype=torch.float64, device=logits.device)
+        f1 = torch.tensor([s[1] for s in scores], dtype=torch.float64, device=logits.device)
+        measures = {
+            "loss": Measure.per_example(loss),
+            "f1": Measure.per_example(f1),
+            "exact_match": Measure.per_example(em),
+        }
+        if self.unanswerable:
+            has = self._answerable(batch).to(f1.dtype)
+            measures["has_answer_f1"] = Measure(f1 * has, has)
+            measures["no_answer_f1"] = Measure(f1 * (1 - has), 1 - has)
+        return measures
+
+    def _answerable(self, batch: Batch) -> Tensor:
+        flags = [self._question(batch, row).answerable for row in range(batch.size)]
+        return torch.tensor(flags, dtype=torch.bool, device=batch.targets.device)
+
+    def _encoded(self, split: int) -> EncodedSplit:
+        if split == ASKED:
+            assert self._asked is not None, "ask() makes the rows of split ASKED"
+            return self._asked
+        return self.train if split == TRAIN else self.held
+
+    def ask(self, context: str, questions: list[str]) -> Batch:
+        """Rows asking ``questions`` about ``context`` (split ``ASKED``, which
+        :meth:`predictions` and :meth:`predicted_texts` then read; a later call replaces it).
+
+        Raises:
+            ValueError: the context or a question is empty.
+        """
+        if not context.strip():
+            raise ValueError("the context is empty")
+        if not questions or any(not q.strip() for q in questions):
+            raise ValueError("a question is empty")
+        squad = SquadFile(
+            Path("<asked>"),
+            [context],
+            [""],
+            [Question(str(i), q, 0, (), ()) for i, q in enumerate(questions)],
+        )
+        self._asked = EncodedSplit(tokenized(squad), self.vocabulary, self.config.chars)
+        return self._batch(ASKED, torch.arange(len(questions)), None)
+
+    def _question(self, batch: Batch, row: int) -> Any:
+        split, index = int(batch.targets[row, 3]), int(batch.targets[row, 2])
+        return self._encoded(split).squad.questions[index]
+
+    def predicted_texts(self, logits: Tensor, batch: Batch) -> list[str]:
+        """The answer text of each row of ``logits [B, 1 + T, 2]`` ("" for no answer)."""
+        first, last, _ = best_spans(logits, self.config.max_answer_tokens)
+        texts = []
+        for row in range(batch.size):
+            if first[row] < 0:
+                texts.append("")
+                continue
+            split, index = int(batch.targets[row, 3]), int(batch.targets[row, 2])
+            text, _, _ = self._encoded(split).answer_text(index, int(first[row]), int(last[row]))
+            texts.append(text)
+        return texts
+
+    def predictions(self, model: torch.nn.Module, batch: Batch) -> dict[str, str]:
+        """``{question id: predicted answer}`` of ``model`` on ``batch`` (the official
+        predictions file's content)."""
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            logits, _ = model(batch.inputs, None, lengths=batch.lengths)
+        model.train(was_training)
+        texts = self.predicted_texts(logits, batch)
+        ids = [self._question(batch, row).qid for row in range(batch.size)]
+        return dict(zip(ids, texts, strict=True))
+
+    def report(self, predictions: dict[str, str], batch: Batch) -> dict[str, dict[str, float]]:
+        """The official figures of ``predictions`` on ``batch``'s questions, overall and by
+        context length: ``{'all': {...}, group label: {...}}`` (each
+        :func:`~relmem.tasks.reading.metric.score_predictions`' output)."""
+        groups: dict[str, dict[str, list[str]]] = {"all": {}}
+        for row in range(batch.size):
+            question = self._question(batch, row)
+            label = self.group_label(int(batch.groups[row]))
+            groups["all"][question.qid] = list(question.answers)
+            groups.setdefault(label, {})[question.qid] = list(question.answers)
+        ordered = ["all"] + [self.group_label(g) for g in range(self.num_groups)]
+        return {k: score_predictions(groups[k], predictions) for k in ordered if k in groups}
+
+    def group_label(self, group: int) -> str:
+        """``'100-149 tokens'``, ``'300+ tokens'``."""
+        edges = (0, *self.config.length_buckets)
+        if group + 1 < len(edges):
+            return f"{edges[group]}-{edges[group + 1] - 1} tokens"
+        return f"{edges[-1]}+ tokens"
+
+    def data_identity(self) -> dict[str, Any]:
+        """The vocabulary (tokenizer, sizes, SHA-1 of its entries): what the ids mean."""
+        return {"vocabulary": self.vocabulary.identity()}
+
+    def plot_levels(self) -> dict[str, float]:
+        return {}
+
+
+def best_spans(logits: Tensor, max_tokens: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The best answer of each row of ``logits [B, 1 + T, 2]``: the span ``first <= last <
+    first + max_tokens`` maximising ``start[first] + end[last]`` over the context positions,
+    or "no answer" (position 0's start + end) when that scores higher.
+
+    Returns:
+        ``(first [B], last [B], score [B])``: context token indices (-1 -1 for no answer) and
+        the winning score.
+    """
+    logits = logits.detach()
+    start, end = logits[:, 1:, 0], logits[:, 1:, 1]  # [B, T]
+    steps = start.shape[1]
+    best = torch.full_like(start[:, 0], float("-inf"))
+    first = torch.zeros_like(best, dtype=torch.long)
+    width = torch.zeros_like(first)
+    for k in range(min(max_tokens, steps)):
+        scores = start[:, : steps - k] + end[:, k:]  # [B, T - k]: spans of k + 1 tokens
+        value, where = scores.max(dim=1)
+        better = value > best
+        best = torch.where(better, value, best)
+        first = torch.where(better, where, first)
+        width = torch.where(better, torch.full_like(width, k), width)
+    null = logits[:, 0, 0] + logits[:, 0, 1]
+    none = null > best
+    first = torch.where(none, torch.full_like(first, -1), first)
+    last = torch.where(none, torch.full_like(first, -1), first + width)
+    return first, last, torch.where(none, null, best)
+
+
+@register_task("squad", ReadingConfig)
+def build_reading(config: ReadingConfig) -> Reading:
+    return Reading(config)
