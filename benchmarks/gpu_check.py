@@ -81,6 +81,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO / "src") not in sys.path:  # the device machine runs the checkout, not installed
+    sys.path.insert(0, str(REPO / "src"))
 TOTAL_BUDGET_S = 540.0
 LOG_TAIL_BYTES = 400_000  # of each part's output, in log.txt (a file comes back up to 16 MiB)
 STOP_GRACE_S = 10.0  # between SIGINT (a trainer checkpoints and exits) and SIGKILL
