@@ -33,7 +33,7 @@ def how_to_get(folder: Path) -> str:
     return (
         f"Download train-v1.1.json and dev-v1.1.json (or the v2.0 files) from {URL} into "
         f"{folder} and pass --data-dir {folder}, or name files with --task.train-file and "
-        f"--task.dev-file (docs/reading.md §2)"
+        f"--task.dev-file (docs/reading.md §2, `relmem docs reading 2`)"
     )
 
 
