@@ -76,7 +76,7 @@ import time
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +148,7 @@ class Part:
         read: the summary's findings, from the context and the part's captured output; may
             raise (the summary then records the error).
         prepare: run before the command (writes inputs such as a corpus).
-        env: extra environment variables.
+        env: extra environment variables, from the context (recorded in the summary).
         skip: a reason not to run it in this context (None: run it).
     """
 
@@ -156,8 +156,8 @@ class Part:
     budget_s: float
     command: Callable[[Context], list[str]]
     read: Callable[[Context, str], dict[str, Any]] = lambda ctx, output: {}
-    prepare: Callable[[Context], None] | None = None
-    env: dict[str, str] = field(default_factory=dict)
+    prepare: Callable[[Context], Any] | None = None
+    env: Callable[[Context], dict[str, str]] = lambda ctx: {}
     skip: Callable[[Context], str | None] = lambda ctx: None
 
 
@@ -237,8 +237,10 @@ def _bench_command(configs: list[str], compile_only: bool) -> Callable[[Context]
 
 def _read_bench(name: str) -> Callable[[Context, str], dict[str, Any]]:
     def read(ctx: Context, output: str) -> dict[str, Any]:
-        (path,) = sorted((ctx.work / f"bench-{name}").glob("bench-*.json"))
-        payload = json.loads(path.read_text())
+        paths = sorted((ctx.work / f"bench-{name}").glob("bench-*.json"))
+        if not paths:  # stopped for its budget: the rows it printed as it went
+            return _bench_rows(output)
+        payload = json.loads(paths[-1].read_text())
         _append_json(ctx.out / "bench.json", payload)
         found: dict[str, Any] = {}
         for record in payload["results"]:
@@ -253,6 +255,26 @@ def _read_bench(name: str) -> Callable[[Context, str], dict[str, Any]]:
         return found
 
     return read
+
+
+def _bench_rows(output: str) -> dict[str, Any]:
+    """The timings in ``relmem bench``'s progress rows (config, implementation, forward ms,
+    forward + backward ms, items/s), for a run stopped before it wrote its JSON file."""
+    from relmem.benchmarking.configs import CONFIGS, IMPLEMENTATIONS
+
+    found: dict[str, Any] = {"partial": True}
+    for line in output.splitlines():
+        words = line.split()
+        if len(words) == 5 and words[0] in CONFIGS and words[1] in IMPLEMENTATIONS:
+            found.setdefault(words[0], {})[words[1]] = {
+                "fwd_ms": float(words[2]),
+                "fwd_bwd_ms": float(words[3]),
+                "items_per_s": float(words[4]),
+            }
+    for config, per in found.items():
+        if config != "partial":
+            _bench_ratios(per)
+    return found
 
 
 def _bench_ratios(per: dict[str, Any]) -> None:
@@ -532,6 +554,8 @@ def parts() -> list[Part]:
             75.0,
             _bench_command(COMPILE_CONFIGS, compile_only=True),
             _read_bench("compile"),
+            # the dry run times the plumbing eager: inductor's build takes CPU minutes
+            env=lambda ctx: {"TORCHDYNAMO_DISABLE": "1"} if ctx.tiny else {},
         )
     )
     return found
@@ -588,11 +612,11 @@ def _run_command(argv: list[str], env: dict[str, str], timeout: float) -> tuple[
 def run_part(part: Part, ctx: Context, budget: float, log: Any) -> dict[str, Any]:
     """Run one part within ``budget`` seconds; its summary entry."""
     entry: dict[str, Any] = {"budget_s": part.budget_s, "allowed_s": round(budget, 1)}
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **part.env}
+    extra = part.env(ctx)
+    if extra:
+        entry["env"] = extra
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
-    if ctx.tiny and part.name == "bench-compile":  # inductor's build takes CPU minutes
-        env["TORCHDYNAMO_DISABLE"] = "1"
-        entry["note"] = "TORCHDYNAMO_DISABLE=1: torch.compile ran eager (dry run)"
     start = time.monotonic()
     try:
         if part.prepare is not None:

@@ -121,3 +121,18 @@ def test_synthetic_corpus_has_the_vocabulary_asked_for(tmp_path: Path) -> None:
     train = (folder / "wiki.train.tokens").read_text().split()
     assert len(train) == 400 and len(set(train)) == 50
     assert len((folder / "wiki.valid.tokens").read_text().split()) == 40
+
+
+def test_a_bench_stopped_for_its_budget_keeps_the_rows_it_printed() -> None:
+    output = "\n".join(
+        [
+            "# NVIDIA H100 | torch 2.11 | threads 16 | load [0.1]",
+            "config          implementation       fwd ms   fwd+bwd ms      items/s",
+            "lm_paper        reference            300.00       900.00         7111",
+            "lm_paper        fast                 250.00       600.00        10667",
+        ]
+    )
+    found = gpu_check._bench_rows(output)
+    assert found["partial"] and set(found["lm_paper"]) >= {"reference", "fast", "best_rmc"}
+    assert found["lm_paper"]["fast"]["fwd_bwd_ms"] == 600.0
+    assert found["lm_paper"]["best_rmc"] == "fast"
