@@ -313,7 +313,7 @@ def export_run(
         )
         load_pretrained(staging, max_parameters=max_parameters)  # what a reader will do
         _open_up(staging)
-        _put_in_place(staging, out)
+        _put_in_place(staging, out, force)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out
@@ -372,10 +372,12 @@ def _open_up(folder: Path) -> None:
         file.chmod(0o666 & ~umask)
 
 
-def _put_in_place(staging: Path, out: Path) -> None:
-    """Rename ``staging`` to ``out``: into a missing or empty folder's place, or (``--force``,
-    checked before) in place of an earlier export, which is set aside until the new one is in
-    place and then removed."""
+def _put_in_place(staging: Path, out: Path, force: bool) -> None:
+    """Rename ``staging`` to ``out``: into a missing or empty folder's place, or (``force``) in
+    place of an earlier export, which is set aside until the new one is in place and then
+    removed. ``out`` is checked again (:func:`check_destination`): files may have arrived
+    there while the export was written."""
+    check_destination(out, force)
     if out.is_dir() and not any(out.iterdir()):
         out.rmdir()
     if not out.exists():

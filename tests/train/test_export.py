@@ -389,3 +389,21 @@ def test_the_model_spec_round_trips_and_builds_nothing_else() -> None:
         data["options"]["lm"]["type"] = name
         with pytest.raises(ValueError, match="is not a relmem config dataclass"):
             spec_from_dict(data, "spec")
+
+
+def test_files_arriving_meanwhile_are_not_replaced(nth_run: Path, tmp_path: Path, monkeypatch):
+    """OUT_DIR is checked again just before the rename: a file written there while the export
+    was staged (by another process) stays, and the export is refused."""
+    out = tmp_path / "out"
+    check = relmem.pretrained.load_pretrained
+
+    def meanwhile(folder, **kwargs):
+        out.mkdir(exist_ok=True)
+        (out / "theirs.txt").write_text("theirs")
+        return check(folder, **kwargs)
+
+    monkeypatch.setattr("relmem.pretrained.load_pretrained", meanwhile)
+    for extra in ((), ("--force",)):
+        assert export(nth_run, out, *extra) == 2
+        assert [p.name for p in out.iterdir()] == ["theirs.txt"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

@@ -38,8 +38,8 @@ class ExportArgs:
         max_parameters: refuse to build a model larger than this.
     """
 
-    run_dir: Annotated[Path, tyro.conf.Positional]
-    out_dir: Annotated[Path, tyro.conf.Positional]
+    run_dir: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]
+    out_dir: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="OUT_DIR")]
     checkpoint: Path | None = None
     force: bool = False
     push: str | None = None
