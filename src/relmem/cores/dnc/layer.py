@@ -224,13 +224,15 @@ class MemoryControllerLayer(nn.Module):
                 )
 
         hiddens, chis, reads = [], [], []
+        # every sequence is still running before its shortest length: no step needs masking
+        all_active = steps if seq.lengths is None else int(seq.lengths.min())
         for t in range(steps):
             chi = torch.cat([x[t], state.read_vectors.flatten(1).to(x.dtype)], dim=-1)  # z_t
             hidden, controller = self.controller(chi, state.controller)  # [B, D]
             assert self.memory.interface is not None
             memory = self.memory.step(self.memory.interface(hidden), state.memory_state)
             new_state = DNCState.combine(memory, controller)
-            if seq.lengths is not None:
+            if t >= all_active:
                 new_state = where_active(seq.lengths > t, new_state, state)
             state = new_state
             hiddens.append(hidden)
