@@ -1,0 +1,50 @@
+"""``relmem export`` of a reading run (``relmem train squad`` on the sample): the reader loads
+back bit-identically with ``relmem.load_pretrained`` (its pretrained-vector initialiser is not
+part of the folder: the weights are), and ``relmem eval`` and ``relmem answer`` read the folder
+as they read the run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+import relmem
+from conftest import train_args
+from relmem import cli
+from relmem.train import checkpoint as ckpt_io
+
+
+def test_a_reader_round_trips(squad_dir: Path, tmp_path: Path, capsys) -> None:
+    assert cli.main(train_args(squad_dir, tmp_path, "run")) == 0
+    run_dir, out = tmp_path / "run", tmp_path / "reader"
+    assert cli.main(["export", str(run_dir), str(out)]) == 0
+    assert (out / "data.json").read_text() == (run_dir / "data.json").read_text()
+    config = json.loads((out / "config.json").read_text())
+    assert config["spec"]["options"]["reader"]["type"].endswith("ReaderOptions")
+
+    model, _, task_name, _ = relmem.load_pretrained(out)
+    assert task_name == "squad"
+    best = ckpt_io.best_checkpoint(run_dir) or ckpt_io.resolve_checkpoint(run_dir)
+    state = model.state_dict()
+    for name, tensor in load_file(str(best / "model.safetensors")).items():
+        assert torch.equal(state[name], tensor), name
+
+    records = []
+    for target in (run_dir, out):
+        json_out = tmp_path / f"{target.name}.json"
+        assert cli.main(["eval", str(target), "--json-out", str(json_out)]) == 0
+        records.append(json.loads(json_out.read_text()))
+    assert records[0]["f1"] == records[1]["f1"] and records[0]["loss"] == records[1]["loss"]
+
+    context = tmp_path / "notes.txt"
+    context.write_text("Karl von Frisch decoded the dance.")
+    answers = []
+    for target in (run_dir, out):
+        capsys.readouterr()
+        args = ["answer", str(target), "--context", str(context), "--question", "Who?"]
+        assert cli.main(args) == 0
+        answers.append(capsys.readouterr().out)
+    assert answers[0] == answers[1] and "Q: " in answers[1]
