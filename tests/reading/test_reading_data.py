@@ -146,3 +146,27 @@ def test_glove_vectors_restricted_to_the_vocabulary(tmp_path: Path) -> None:
     glove.write_text("the 1 1\n")
     with pytest.raises(ValueError, match=r"line 1: 2 numbers after the word, expected 3"):
         read_word_vectors(glove, vocabulary, 3)
+
+
+def test_an_unaligned_answer_is_counted_and_still_evaluated(tmp_path: Path, capsys) -> None:
+    good = {"id": "1", "question": "Who?", "answers": [{"text": "Ada", "answer_start": 0}]}
+    blank = {"id": "2", "question": "What?", "answers": [{"text": " ", "answer_start": 3}]}
+    record = {"title": "t", "paragraphs": [{"context": "Ada wrote it.", "qas": [good, blank]}]}
+    path = tmp_path / "f.json"
+    path.write_text(json.dumps({"data": [record]}))
+    task = Reading(ReadingConfig(train_file=path, dev_file=path, min_char_count=1))
+    assert "2 answers (1 not aligned" in capsys.readouterr().err
+    assert task.train_index.tolist() == [0]  # nothing to learn from the other
+    assert task.held_index.tolist() == [0, 1]  # both scored
+
+
+def test_the_dataset_option_says_how_to_get_squad_offline(tmp_path: Path, monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setenv("RELMEM_DATA", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
+    with pytest.raises(ValueError) as error:
+        Reading(ReadingConfig(dataset="squad"))
+    message = str(error.value)
+    assert "datasets" in message and "rajpurkar.github.io/SQuAD-explorer" in message
+    assert str(tmp_path / "squad") in message

@@ -19,6 +19,7 @@ dev file.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -210,6 +211,7 @@ class Reading(Task):
             (HAS_ANSWER_F1, NO_ANSWER_F1) if self.unanswerable else ()
         )
         self.num_groups = len(config.length_buckets) + 1
+        print(self.describe(), file=sys.stderr)
         longest = int(self.held.context_tokens[self.held_index].max())
         vectors = None
         if config.embeddings is not None:
@@ -243,6 +245,23 @@ class Reading(Task):
                 )
             },
         )
+
+    def describe(self) -> str:
+        """One line on the data: each file's alignment counts, the questions of each split."""
+        q = self.config.question_tokens
+        files = [self.train] if self.held is self.train else [self.train, self.held]
+        parts = []
+        for encoded in files:
+            stats = encoded.stats(q)
+            parts.append(
+                f"{encoded.squad.path.name}: {stats.answers:,} answers ({stats.unaligned} not "
+                f"aligned, {stats.inexact} starting or ending inside a token), "
+                f"{stats.truncated_questions} questions cut to {q} tokens"
+            )
+        parts.append(
+            f"{len(self.train_index):,} training questions, {len(self.held_index):,} held-out"
+        )
+        return "relmem: squad: " + "; ".join(parts)
 
     # -- batches ---------------------------------------------------------------------------
 
