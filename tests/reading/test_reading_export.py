@@ -5,6 +5,7 @@ as they read the run."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -12,9 +13,17 @@ import torch
 from safetensors.torch import load_file
 
 import relmem
-from conftest import train_args
 from relmem import cli
 from relmem.train import checkpoint as ckpt_io
+
+# this folder's conftest by its path: "conftest" names whichever folder's pytest loaded last
+_spec = importlib.util.spec_from_file_location(
+    "reading_conftest", Path(__file__).with_name("conftest.py")
+)
+assert _spec is not None and _spec.loader is not None
+_conftest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_conftest)
+train_args = _conftest.train_args
 
 
 def test_a_reader_round_trips(squad_dir: Path, tmp_path: Path, capsys) -> None:

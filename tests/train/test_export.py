@@ -19,15 +19,16 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import relmem
-from conftest import tiny_config
 from relmem import cli
-from relmem.models import RMCModelConfig
+from relmem.models import HeadConfig, RMCModelConfig
 from relmem.models.language_model import LMOptions
 from relmem.models.spec import DecoderSpec, TaskSpec
 from relmem.pretrained import load_pretrained
+from relmem.tasks import NthFarthestConfig
 from relmem.tasks.learn_to_execute import LearnToExecuteConfig
 from relmem.tasks.learn_to_execute.vocabulary import SYMBOLS
 from relmem.train import checkpoint as ckpt_io
+from relmem.train.config import OptimConfig, TrainConfig
 from relmem.train.exported import ExportError, sha256, spec_from_dict, spec_to_dict
 from relmem.train.loop import run
 
@@ -62,7 +63,23 @@ def export(run_dir: Path, out: Path, *extra: str) -> int:
 def nth_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished tiny Nth Farthest run of the RMC (20 steps, checkpoints at 10 and 20),
     shared by the tests, which only read it."""
-    config = tiny_config(tmp_path_factory.mktemp("nth"), cpu_threads=1)
+    config = TrainConfig(  # conftest's tiny_config, which a module-scoped fixture cannot take
+        task=NthFarthestConfig(num_objects=4, num_features=4, test_size=64),
+        rmc=RMCModelConfig(mem_slots=2, head_size=8, num_heads=2),
+        head=HeadConfig((32,)),
+        optim=OptimConfig(lr=3e-3, grad_clip=1.0),
+        steps=20,
+        batch_size=32,
+        eval_every=10,
+        eval_batch=64,
+        log_every=5,
+        checkpoint_every=10,
+        device="cpu",
+        cpu_threads=1,
+        out_dir=tmp_path_factory.mktemp("nth"),
+        run_name="run",
+        tensorboard=False,
+    )
     return run(config, "nth-farthest", argv=["relmem", "train", "nth-farthest"]).run_dir
 
 
