@@ -31,7 +31,6 @@ from relmem.tasks.base import Task
 from relmem.tasks.registry import get_task
 from relmem.train import exported
 from relmem.train.checkpoint import BEST_NAME, META_FILE, MODEL_FILE, unwrap, verify_checkpoint
-from relmem.train.config import TrainConfig
 from relmem.train.metrics import MetricsFileError, read_metrics
 from relmem.train.runs import (
     MAX_PARAMETERS,
@@ -55,6 +54,10 @@ HUB_FILES = [
 ]
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
 
+RunConfig = Any
+"""A :class:`relmem.train.config.TrainConfig` (made by ``dataclasses.make_dataclass``, so a
+type checker has no static type for it)."""
+
 
 class Pretrained(NamedTuple):
     """What :func:`load_pretrained` returns.
@@ -72,7 +75,7 @@ class Pretrained(NamedTuple):
     model: nn.Module
     vocabulary: list[str] | dict[str, list[str]] | None
     task_name: str
-    config: TrainConfig
+    config: RunConfig
 
 
 def load_pretrained(
@@ -114,6 +117,7 @@ def load_pretrained(
             f"{folder / exported.CONFIG_FILE} is missing or unreadable: {folder} is not a "
             "folder written by relmem export"
         )
+    config: RunConfig
     task_name, config = load_run_config(folder)
     spec = exported.read_spec(folder)
     build: ModelBuilder
@@ -129,7 +133,7 @@ def load_pretrained(
         task = entry.build(config.task)
     else:
 
-        def build(config: TrainConfig, task: Any) -> nn.Module:
+        def build(config: RunConfig, task: Any) -> nn.Module:
             torch.manual_seed(config.seed)
             return models.build_model(config.model, config.model_config(), config.head, spec)
 
@@ -324,7 +328,7 @@ def _write(
     run_dir: Path,
     ckpt: Path,
     step: int,
-    config: TrainConfig,
+    config: RunConfig,
     task_name: str,
     task: Task,
     spec: Any,
@@ -398,7 +402,7 @@ def model_card(
     run_dir: Path,
     ckpt: Path,
     step: int,
-    config: TrainConfig,
+    config: RunConfig,
     task_name: str,
     task: Task,
     model: nn.Module,

@@ -233,6 +233,7 @@ class MemoryControllerLayer(nn.Module):
             memory = self.memory.step(self.memory.interface(hidden), state.memory_state)
             new_state = DNCState.combine(memory, controller)
             if t >= all_active:
+                assert seq.lengths is not None  # all_active is steps without lengths
                 new_state = where_active(seq.lengths > t, new_state, state)
             state = new_state
             hiddens.append(hidden)
