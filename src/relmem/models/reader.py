@@ -68,6 +68,8 @@ class ReaderOptions:
             at two offsets half a window apart, each token taking the window it is more central
             in (stride window/2).
         memory_layers: stacked memory controllers (cores) over the fused document.
+        bidirectional_controller: the memory controller's GRU has a backward direction that
+            feeds its output (never the memory's interface: only the forward GRU writes).
         dropout: on the embeddings and every recurrent layer's input.
         max_answer_tokens: the longest span the reader predicts.
         no_answer: score "no answer" (data with unanswerable questions).
@@ -88,6 +90,7 @@ class ReaderOptions:
     hidden_size: int = 48
     attention_window: int = 128
     memory_layers: int = 1
+    bidirectional_controller: bool = True
     dropout: float = 0.2
     max_answer_tokens: int = 17
     no_answer: bool = False
@@ -278,6 +281,7 @@ class DNCMemory(nn.Module):
             memory_slots=config.memory_size,
             word_size=config.word_size,
             read_heads=config.num_read_heads,
+            bidirectional=o.bidirectional_controller,
             pre_encoder=self.pre,
             batch_first=True,
         )

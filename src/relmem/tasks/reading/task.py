@@ -80,9 +80,16 @@ class ReadingConfig:
         max_context_tokens: context tokens a *training* row keeps (None: all; evaluation
             always reads whole contexts).
         max_answer_tokens: the longest predicted span.
-        word_size, char_embedding, char_channels, char_kernel, hidden_size,
-        attention_window, memory_layers, dropout: the reader's sizes
-            (:class:`relmem.models.reader.ReaderOptions`).
+        word_size: the word vectors' width (the embeddings file's, when given).
+        char_embedding: the character embedding's width.
+        char_channels: the character CNN's filters.
+        char_kernel: the character CNN's kernel width.
+        hidden_size: h, units per GRU direction (the fused document is 2h wide).
+        attention_window: the context's self-attention window, in tokens (stride half of it).
+        memory_layers: stacked memory controllers (or cores) over the fused document.
+        bidirectional_controller: the memory controller's GRU also reads backwards, feeding
+            its output only (the forward GRU alone writes the memory).
+        dropout: on the embeddings and every recurrent layer's input.
         length_buckets: context-length boundaries (tokens) of the by-length breakdown.
     """
 
@@ -109,6 +116,7 @@ class ReadingConfig:
     hidden_size: int = 48
     attention_window: int = 128
     memory_layers: int = 1
+    bidirectional_controller: bool = True
     dropout: float = 0.2
     length_buckets: tuple[int, ...] = (100, 150, 200, 300)
 
@@ -237,6 +245,7 @@ class Reading(Task):
                     hidden_size=config.hidden_size,
                     attention_window=config.attention_window,
                     memory_layers=config.memory_layers,
+                    bidirectional_controller=config.bidirectional_controller,
                     dropout=config.dropout,
                     max_answer_tokens=config.max_answer_tokens,
                     no_answer=self.unanswerable,
