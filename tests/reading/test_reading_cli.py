@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from reading_sample import train_args
 from safetensors.torch import load_file
 
-from conftest import train_args
 from relmem import cli
 from relmem.tasks.reading import answer, load_reader
 from relmem.train import checkpoint as ckpt_io

@@ -5,25 +5,16 @@ as they read the run."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import torch
+from reading_sample import train_args
 from safetensors.torch import load_file
 
 import relmem
 from relmem import cli
 from relmem.train import checkpoint as ckpt_io
-
-# this folder's conftest by its path: "conftest" names whichever folder's pytest loaded last
-_spec = importlib.util.spec_from_file_location(
-    "reading_conftest", Path(__file__).with_name("conftest.py")
-)
-assert _spec is not None and _spec.loader is not None
-_conftest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_conftest)
-train_args = _conftest.train_args
 
 
 def test_a_reader_round_trips(squad_dir: Path, tmp_path: Path, capsys) -> None:
@@ -34,8 +25,9 @@ def test_a_reader_round_trips(squad_dir: Path, tmp_path: Path, capsys) -> None:
     config = json.loads((out / "config.json").read_text())
     assert config["spec"]["options"]["reader"]["type"].endswith("ReaderOptions")
 
-    model, _, task_name, _ = relmem.load_pretrained(out)
+    model, vocabulary, task_name, _ = relmem.load_pretrained(out)
     assert task_name == "squad"
+    assert vocabulary["words"][:2] == ["<pad>", "<unk>"] and "lighthouse" in vocabulary["words"]
     best = ckpt_io.best_checkpoint(run_dir) or ckpt_io.resolve_checkpoint(run_dir)
     state = model.state_dict()
     for name, tensor in load_file(str(best / "model.safetensors")).items():

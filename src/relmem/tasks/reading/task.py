@@ -419,8 +419,10 @@ class Reading(Task):
         """The vocabulary (tokenizer, sizes, SHA-1 of its entries): what the ids mean."""
         return {"vocabulary": self.vocabulary.identity()}
 
-    def plot_levels(self) -> dict[str, float]:
-        return {}
+    def export_vocabulary(self) -> dict[str, list[str]]:
+        """Words and characters in id order (ids 0 and 1 are padding and unknown)."""
+        words, chars = self.vocabulary.words, self.vocabulary.chars
+        return {"words": ["<pad>", "<unk>", *words], "chars": ["<pad>", "<unk>", *chars]}
 
 
 def best_spans(logits: Tensor, max_tokens: int) -> tuple[Tensor, Tensor, Tensor]:
