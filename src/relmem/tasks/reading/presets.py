@@ -3,7 +3,9 @@
 - ``cpu`` (default): a reader that learns on 2 CPU cores in 30 minutes: learned 100-wide word
   vectors, a character CNN of 64 filters, GRUs of 48 units a direction (the fused document is
   96 wide), the memory controller with 16 slots of 32 and 2 read heads; training contexts cut
-  at 400 tokens; batch 32, Adam 1e-3, evaluation every 400 steps, a 30-minute limit.
+  at 400 tokens; batch 32, Adam 1e-3 with the gradient norm clipped at 5, evaluation every
+  400 steps, a 30-minute limit, one CPU thread (the memory controller's token-by-token steps
+  are too small to share between threads).
 - ``paper``: MemoReader's sizes for a GPU: fixed GloVe 840B 300d vectors (read from
   ``$RELMEM_DATA/glove/glove.840B.300d.txt`` unless ``--task.embeddings`` names the file),
   a character CNN of 100 filters, GRUs of 100 units, the memory controller with 128 slots of 64
@@ -33,6 +35,7 @@ def squad_cpu() -> TrainConfig[ReadingConfig]:
         steps=100_000,
         batch_size=32,
         time_limit_min=30.0,
+        cpu_threads=1,
         eval_every=400,
         eval_batch=32,
         log_every=50,
