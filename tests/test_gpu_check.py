@@ -94,6 +94,12 @@ def test_what_comes_back_fits_the_device_tools_limits(dry_run: tuple[Path, dict,
     assert {r["part"] for r in runs} == set(gpu_check.SLICES)
 
 
+def test_every_bench_configuration_has_its_part() -> None:
+    from relmem.benchmarking.configs import CONFIGS
+
+    assert set(gpu_check.BENCH_CONFIGS) == set(CONFIGS)
+
+
 def test_a_part_past_its_budget_is_stopped() -> None:
     start = time.monotonic()
     status, output = gpu_check._run_command(
