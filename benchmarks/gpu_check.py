@@ -476,8 +476,8 @@ def _slice_command(name: str, spec: Slice) -> Callable[[Context], list[str]]:
         if spec.task == "lm":
             argv += ["--task.data-dir", str(_lm_corpus(ctx))]
         argv += list(spec.overrides)
-        if ctx.tiny:
-            argv += ["--cpu-threads", "1", *spec.tiny_overrides]
+        if ctx.tiny:  # 'fast', what 'auto' is on CUDA: on the CPU it builds the fused C++ step
+            argv += ["--cpu-threads", "1", "--rmc.implementation", "fast", *spec.tiny_overrides]
         return argv
 
     return command
