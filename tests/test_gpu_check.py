@@ -142,3 +142,27 @@ def test_a_bench_stopped_for_its_budget_keeps_the_rows_it_printed() -> None:
     assert found["partial"] and set(found["lm_paper"]) >= {"reference", "fast", "best_rmc"}
     assert found["lm_paper"]["fast"]["fwd_bwd_ms"] == 600.0
     assert found["lm_paper"]["best_rmc"] == "fast"
+
+
+def test_the_gpu_runs_commands_parse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The full-size commands, which only a GPU session runs, parse here (the dry run's are
+    toy-sized: a renamed option would otherwise first fail on the one GPU call)."""
+    from relmem.commands import bench, train
+
+    monkeypatch.setattr(gpu_check, "_lm_corpus", lambda ctx: tmp_path)  # no 2M-token corpus
+    ctx = gpu_check.Context(tmp_path, tmp_path, "cuda", tiny=False)
+    parsed = []
+    for part in gpu_check.parts():
+        argv = part.command(ctx)
+        if argv[1:4] == ["-m", "relmem", "bench"]:
+            args = bench.parse(argv[4:])
+            assert args.device == "cuda" and args.repeat >= 5, part.name
+        elif argv[1:4] == ["-m", "relmem", "train"]:
+            _, config, _ = train.parse(argv[4:])
+            assert config.device == "cuda" and config.steps == config.eval_every, part.name
+        elif part.name == "tests":
+            assert argv[-1] == "tests" and argv[argv.index("-m", 2) + 1] == "gpu"
+        else:
+            continue
+        parsed.append(part.name)
+    assert len(parsed) == len(gpu_check.BENCH_CONFIGS) + 1 + len(gpu_check.SLICES) + 1
