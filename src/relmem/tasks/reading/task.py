@@ -76,7 +76,7 @@ class ReadingConfig:
         min_word_count: training-file occurrences a word needs to get its own id.
         min_char_count: occurrences a character needs to get its own id.
         chars: characters per token the character CNN reads.
-        question_tokens: Q, question tokens kept (longer ones are cut, and counted).
+        question_tokens: Q, question tokens kept (longer ones are cut, and counted); at least 3.
         max_context_tokens: context tokens a *training* row keeps (None: all; evaluation
             always reads whole contexts).
         max_answer_tokens: the longest predicted span.
@@ -131,7 +131,7 @@ class ReadingConfig:
             min_word_count=1,
             min_char_count=1,
             chars=1,
-            question_tokens=1,
+            question_tokens=3,  # rows stay at least 4 steps long: Batch.window keeps targets' 4
             max_answer_tokens=1,
             word_size=1,
             char_embedding=1,
