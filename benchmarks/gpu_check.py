@@ -35,7 +35,7 @@ itself (``--time-limit-min``) 20 s before its budget, evaluating and checkpointi
 add up to 675 s; ``--total-budget`` (540 s) caps the whole run, shortening or skipping the last
 parts when earlier ones ran long. A new part is one more :class:`Part` in :func:`parts`, and a
 new ``paper`` slice one more :class:`Slice` in :data:`SLICES` (the HOOK there says how to add
-the reading task's).
+the reading task's slice for an example of one with its own data).
 
 The LM slice needs WikiText-2, which the device machine cannot download: ``scripts/gpu-wheels``
 copies it into ``.gpu-data/`` when this machine has it; otherwise the slice trains on a
@@ -404,16 +404,34 @@ SLICES: dict[str, Slice] = {
         ),
         rate="frames_per_s",
     ),
-    # HOOK: the reading task's slice (another engineer is building `relmem train squad`).
-    # Add it here once its `paper` preset exists, e.g.
-    #   "paper-squad": Slice("squad", "paper", steps=..., tiny_steps=2,
-    #                        tiny_overrides=(...toy batch and held-out set...),
-    #                        rate="tokens_per_s"),
-    # and, if it needs data the device machine lacks, a `prepare` as the LM slice has
-    # (`_lm_corpus`) plus its files in scripts/gpu-wheels. The budget goes in SLICE_BUDGETS.
+    # the reader at the paper's sizes, without GloVe (not on the device machine: learned 300-d
+    # vectors cost the same), on SQuAD's dev file split by article when scripts/gpu-wheels
+    # staged it, else on the tests' sample (throughput only); _squad_args gives the data
+    "paper-squad": Slice(
+        "squad",
+        "paper",
+        steps=40,
+        tiny_steps=2,
+        overrides=("--task.embeddings", "None", "--task.test-size", "300"),
+        tiny_overrides=(
+            "--batch-size",
+            "4",
+            "--task.word-size",
+            "16",
+            "--task.hidden-size",
+            "8",
+            "--task.min-char-count",
+            "1",
+            "--dnc.memory-size",
+            "8",
+            "--dnc.word-size",
+            "8",
+        ),
+    ),
 }
 SLICE_BUDGETS = {"paper-nth-farthest": 45.0, "paper-lm-wt2-port": 70.0, "paper-lte": 45.0}
 SLICE_BUDGETS["paper-boxworld"] = 60.0
+SLICE_BUDGETS["paper-squad"] = 75.0
 
 
 def synthetic_corpus(folder: Path, vocabulary: int, sizes: dict[str, int], seed: int = 0) -> Path:
@@ -463,6 +481,24 @@ def _lm_corpus(ctx: Context) -> Path:
     return folder
 
 
+def _squad_args(ctx: Context) -> list[str]:
+    """The reading slice's data: SQuAD v1.1's dev file (staged by ``scripts/gpu-wheels``, in
+    ``$RELMEM_DATA/squad`` or ``~/.cache/relmem/squad``) with a fifth of its articles held out;
+    else (and always with --tiny) the tests' sample, one article of three held out."""
+    if not ctx.tiny:
+        data = os.environ.get("RELMEM_DATA")
+        roots = [REPO / ".gpu-data", *([Path(data)] if data else []), Path.home() / ".cache/relmem"]
+        for root in roots:
+            dev = root / "squad" / "dev-v1.1.json"
+            if dev.is_file():
+                return ["--task.train-file", str(dev), "--task.held-out-articles", "0.2"]
+    sample = REPO / "tests" / "data" / "squad" / "sample-v1.1.json"
+    folder = ctx.work / "squad-sample"  # its caches are written beside it, not in the checkout
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(sample, folder / sample.name)
+    return ["--task.train-file", str(folder / sample.name), "--task.held-out-articles", "0.34"]
+
+
 def _slice_command(name: str, spec: Slice) -> Callable[[Context], list[str]]:
     def command(ctx: Context) -> list[str]:
         steps = spec.tiny_steps if ctx.tiny else spec.steps
@@ -475,6 +511,8 @@ def _slice_command(name: str, spec: Slice) -> Callable[[Context], list[str]]:
         argv += ["--time-limit-min", f"{max(budget - 20.0, 10.0) / 60:.3f}"]
         if spec.task == "lm":
             argv += ["--task.data-dir", str(_lm_corpus(ctx))]
+        if spec.task == "squad":
+            argv += _squad_args(ctx)
         argv += list(spec.overrides)
         if ctx.tiny:  # 'fast', what 'auto' is on CUDA: on the CPU it builds the fused C++ step
             argv += ["--cpu-threads", "1", "--rmc.implementation", "fast", *spec.tiny_overrides]
