@@ -15,7 +15,10 @@ from relmem.train.loop import run
     ("args", "message"),
     [
         (["nope"], "unknown task 'nope'"),
-        (["nth-farthest", "--model", "dnc9"], "model must be one of convlstm, dnc, lstm, none, rmc"),
+        (
+            ["nth-farthest", "--model", "dnc9"],
+            "model must be one of convlstm, dnc, lstm, none, rmc",
+        ),
         (["nth-farthest", "--preset", "huge"], "unknown preset 'huge'"),
         (["nth-farthest", "--batch-size", "0"], "batch_size must be >= 1"),
         (["nth-farthest", "--optim.lr", "-1"], "optim.lr must be > 0"),
