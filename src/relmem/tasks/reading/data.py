@@ -25,6 +25,7 @@ import json
 import os
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,14 +104,27 @@ def _cached_tokens(squad: SquadFile, sha1: str) -> Tokenized:
         except (SafetensorError, OSError, ValueError, TypeError, KeyError):
             pass  # a damaged or foreign cache is made again
     tokens = Tokenized.of(squad)
+    write_cache(
+        cache,
+        lambda tmp: save_file(dict(tokens.__dict__), tmp, metadata=expected),
+        f"the tokens of {squad.path}",
+    )
+    return tokens
+
+
+def write_cache(cache: Path, write: Callable[[Path], object], what: str | None) -> None:
+    """Write a cache file atomically: ``write(tmp)`` into a temporary file beside ``cache``
+    (its folder made if missing), then renamed over it. A folder that cannot be written leaves
+    no file behind and the data uncached; ``what`` (None: say nothing) is named on stderr."""
+    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
     try:
         cache.parent.mkdir(exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-        save_file(dict(tokens.__dict__), tmp, metadata=expected)
+        write(tmp)
         os.replace(tmp, cache)
     except OSError as exc:
-        print(f"relmem: not caching the tokens of {squad.path} ({exc.strerror})", file=sys.stderr)
-    return tokens
+        tmp.unlink(missing_ok=True)
+        if what is not None:
+            print(f"relmem: not caching {what} ({exc.strerror})", file=sys.stderr)
 
 
 def _texts(text: str, spans: Tensor) -> list[str]:
@@ -379,14 +393,9 @@ def load_vocabulary(train: TokenizedFile, min_word_count: int, min_char_count: i
     )
     record = {"tokenizer": TOKENIZER, "version": CACHE_VERSION}
     record |= {"words": list(vocabulary.words), "chars": list(vocabulary.chars)}
-    try:
-        cache.parent.mkdir(exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
-        os.replace(tmp, cache)
-    except OSError as exc:
-        print(
-            f"relmem: not caching the vocabulary of {train.squad.path} ({exc.strerror})",
-            file=sys.stderr,
-        )
+    write_cache(
+        cache,
+        lambda tmp: tmp.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8"),
+        f"the vocabulary of {train.squad.path}",
+    )
     return vocabulary

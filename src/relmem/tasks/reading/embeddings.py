@@ -10,7 +10,6 @@ time, so a later build of the same run's model does not read the file again.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from relmem.tasks.reading.data import CACHE_DIR, PAD, Vocabulary
+from relmem.tasks.reading.data import CACHE_DIR, PAD, Vocabulary, write_cache
 
 __all__ = ["read_word_vectors"]
 
@@ -79,11 +78,6 @@ def read_word_vectors(path: Path, vocabulary: Vocabulary, size: int) -> Tensor:
         f"relmem: {int(seen.sum()):,} of {vocabulary.size - 2:,} words have vectors in {path}",
         file=sys.stderr,
     )
-    try:
-        cache.parent.mkdir(exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-        save_file({"vectors": vectors.contiguous()}, tmp)
-        os.replace(tmp, cache)
-    except OSError:
-        pass  # a read-only folder: read the file again next time
+    # a read-only folder: the file is read again next time
+    write_cache(cache, lambda tmp: save_file({"vectors": vectors.contiguous()}, tmp), None)
     return vectors
