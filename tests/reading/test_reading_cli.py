@@ -11,8 +11,9 @@ from reading_sample import train_args
 from safetensors.torch import load_file
 
 from relmem import cli
-from relmem.tasks.reading import answer, load_reader
+from relmem.tasks.reading import answer
 from relmem.train import checkpoint as ckpt_io
+from relmem.train.runs import load_trained
 
 
 @pytest.mark.parametrize("model", ["dnc", "none", "rmc"])
@@ -77,8 +78,8 @@ def test_padding_changes_nothing(squad_dir: Path, tmp_path: Path) -> None:
         assert (
             cli.main(train_args(squad_dir, tmp_path, model, "--model", model, "--steps", "1")) == 0
         )
-        reader = load_reader(tmp_path / model)
-        task, net = reader.task, reader.model
+        _, _, task, net, _ = load_trained(tmp_path / model, None, torch.device("cpu"))
+        net.eval()
         batch = task.held_out(torch.device("cpu"))
         short = batch.select(torch.tensor([0]))  # the shortest context
         both = batch.select(torch.tensor([0, batch.size - 1]))

@@ -24,7 +24,7 @@ class AnswerArgs:
     """Answer questions about a text with a reader trained by ``relmem train squad``.
 
     Attributes:
-        run_dir: the run directory.
+        run_dir: the run directory, or a folder written by ``relmem export``.
         context: the text to read: a file's path, or the text itself (text with no whitespace
             that looks like a path must be a file that exists).
         question: the question (repeat the option to ask several).

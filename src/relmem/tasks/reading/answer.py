@@ -8,7 +8,9 @@ from pathlib import Path
 
 import torch
 
-from relmem.tasks.reading.task import Reading, best_spans
+from relmem.tasks.reading.data import EncodedSplit, Vocabulary, tokenized
+from relmem.tasks.reading.squad import Question, SquadFile
+from relmem.tasks.reading.task import Reading, ReadingConfig, best_spans
 
 __all__ = ["Answer", "AnswerReader", "answer", "load_reader"]
 
@@ -36,11 +38,16 @@ class AnswerReader:
     """A trained reader ready to answer: ``reader(context, question) -> Answer``.
 
     Args:
-        task: the run's :class:`Reading` task (its vocabulary). model: its reader.
+        vocabulary: the words and characters it was trained with (what its ids mean).
+        config: its task's configuration (the character width, question block and longest
+            answer).
+        model: the reader.
     """
 
-    def __init__(self, task: Reading, model: torch.nn.Module) -> None:
-        self.task, self.model = task, model.eval()
+    def __init__(
+        self, vocabulary: Vocabulary, config: ReadingConfig, model: torch.nn.Module
+    ) -> None:
+        self.vocabulary, self.config, self.model = vocabulary, config, model.eval()
 
     @torch.no_grad()
     def __call__(self, context: str, questions: str | list[str]) -> Answer | list[Answer]:
@@ -50,43 +57,61 @@ class AnswerReader:
             ValueError: the context or a question is empty.
         """
         asked = [questions] if isinstance(questions, str) else list(questions)
+        if not context.strip():
+            raise ValueError("the context is empty")
+        if not asked or any(not q.strip() for q in asked):
+            raise ValueError("a question is empty")
+        rows = [Question(str(i), q, 0, (), ()) for i, q in enumerate(asked)]
+        squad = SquadFile(Path("<asked>"), [context], [""], rows)
+        encoded = EncodedSplit(tokenized(squad), self.vocabulary, self.config.chars)
+        index = torch.arange(len(asked))
+        inputs, lengths, _ = encoded.rows(index, self.config.question_tokens, None)
         device = next(self.model.parameters()).device
-        batch = self.task.ask(context, asked).to(device)
-        logits, _ = self.model(batch.inputs, None, lengths=batch.lengths)
+        logits, _ = self.model(inputs.to(device), None, lengths=lengths.to(device))
         logits = logits.float()
-        first, last, _ = best_spans(logits, self.task.config.max_answer_tokens)
+        first, last, _ = best_spans(logits, self.config.max_answer_tokens)
         log_start = torch.log_softmax(logits[..., 0], dim=1)  # [B, 1 + T]
         log_end = torch.log_softmax(logits[..., 1], dim=1)
         answers = []
         for row, question in enumerate(asked):
             i, j = int(first[row]), int(last[row])
-            logp = log_start[row, i + 1] + log_end[row, j + 1]
+            probability = float((log_start[row, i + 1] + log_end[row, j + 1]).exp())
             if i < 0:
-                answers.append(Answer(question, "", -1, -1, float(logp.exp())))
+                answers.append(Answer(question, "", -1, -1, probability))
                 continue
-            encoded = self.task._encoded(int(batch.targets[row, 3]))
             text, start, end = encoded.answer_text(row, i, j)
-            answers.append(Answer(question, text, start, end, float(logp.exp())))
+            answers.append(Answer(question, text, start, end, probability))
         return answers[0] if isinstance(questions, str) else answers
 
 
 def load_reader(
     run_dir: Path | str, checkpoint: Path | None = None, device: str = "cpu"
 ) -> AnswerReader:
-    """The reader of a ``relmem train squad`` run (its best weights unless ``checkpoint``).
+    """The reader of a ``relmem train squad`` run (its best weights unless ``checkpoint``),
+    or of a folder written by ``relmem export`` (its weights and ``vocab.json``: the
+    training file is not needed).
 
     Raises:
         ValueError: the run is not a reading run, or its data differs from what it trained on.
         CheckpointError: no intact checkpoint.
     """
+    from relmem.pretrained import load_pretrained
+    from relmem.train.exported import is_exported
     from relmem.train.runs import load_trained
 
+    path = Path(run_dir)
+    if is_exported(path) and checkpoint is None:
+        model, words, task_name, config = load_pretrained(path, device=device)
+        if not isinstance(config.task, ReadingConfig) or not isinstance(words, dict):
+            raise ValueError(f"{path} holds a model of {task_name!r}, not a reader")
+        vocabulary = Vocabulary(tuple(words["words"][2:]), tuple(words["chars"][2:]))
+        return AnswerReader(vocabulary, config.task, model)
     _, task_name, task, model, _ = load_trained(
-        Path(run_dir), checkpoint, torch.device(device), prefer_best=True
+        path, checkpoint, torch.device(device), prefer_best=True
     )
     if not isinstance(task, Reading):
-        raise ValueError(f"{run_dir} is a run of {task_name!r}, not a reader (relmem train squad)")
-    return AnswerReader(task, model)
+        raise ValueError(f"{path} is a run of {task_name!r}, not a reader (relmem train squad)")
+    return AnswerReader(task.vocabulary, task.config, model)
 
 
 def answer(run_dir: Path | str, context: str, question: str, device: str = "cpu") -> Answer:

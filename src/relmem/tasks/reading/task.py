@@ -36,11 +36,9 @@ from relmem.tasks.reading.data import (
     Vocabulary,
     load_vocabulary,
     read_tokenized,
-    tokenized,
 )
 from relmem.tasks.reading.embeddings import read_word_vectors
 from relmem.tasks.reading.metric import score_predictions, squad_scores
-from relmem.tasks.reading.squad import Question, SquadFile
 from relmem.tasks.registry import register_task
 from relmem.validation import check_at_least
 
@@ -51,8 +49,8 @@ EXACT_MATCH = MetricSpec("exact_match", True, "exact match", "em", percent=True)
 HAS_ANSWER_F1 = MetricSpec("has_answer_f1", True, "F1 on answerable questions", "hf1", True)
 NO_ANSWER_F1 = MetricSpec("no_answer_f1", True, "F1 on unanswerable questions", "nf1", True)
 
-# which split a row's question comes from (targets[:, 3]); ASKED: questions given at run time
-TRAIN, HELD_OUT, ASKED = 0, 1, 2
+# which split a row's question comes from (targets[:, 3])
+TRAIN, HELD_OUT = 0, 1
 
 
 @dataclass
@@ -178,7 +176,6 @@ class Reading(Task):
 
     def __init__(self, config: ReadingConfig) -> None:
         self.config = config
-        self._asked: EncodedSplit | None = None
         train_path, dev_path = sources.resolve(config)
         train_text = read_tokenized(train_path)
         held_articles: set[str] = set()
@@ -341,30 +338,7 @@ class Reading(Task):
         return torch.tensor(flags, dtype=torch.bool, device=batch.targets.device)
 
     def _encoded(self, split: int) -> EncodedSplit:
-        if split == ASKED:
-            assert self._asked is not None, "ask() makes the rows of split ASKED"
-            return self._asked
         return self.train if split == TRAIN else self.held
-
-    def ask(self, context: str, questions: list[str]) -> Batch:
-        """Rows asking ``questions`` about ``context`` (split ``ASKED``, which
-        :meth:`predictions` and :meth:`predicted_texts` then read; a later call replaces it).
-
-        Raises:
-            ValueError: the context or a question is empty.
-        """
-        if not context.strip():
-            raise ValueError("the context is empty")
-        if not questions or any(not q.strip() for q in questions):
-            raise ValueError("a question is empty")
-        squad = SquadFile(
-            Path("<asked>"),
-            [context],
-            [""],
-            [Question(str(i), q, 0, (), ()) for i, q in enumerate(questions)],
-        )
-        self._asked = EncodedSplit(tokenized(squad), self.vocabulary, self.config.chars)
-        return self._batch(ASKED, torch.arange(len(questions)), None)
 
     def _question(self, batch: Batch, row: int) -> Any:
         split, index = int(batch.targets[row, 3]), int(batch.targets[row, 2])
