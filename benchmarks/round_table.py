@@ -86,7 +86,8 @@ def table(round_dir: Path) -> str:
             "tokens/s" if tokens else "sequences/s", "load 1m",
             f"{metric}, final", f"{metric}, best weights", *(f"{o} (best weights)" for o in others),
             f"{metric} at step {equal:,}" if equal else "equal steps: none"]  # fmt: skip
-    if metric == "accuracy":
+    solved = "solved" in json.loads((runs[0] / "eval.json").read_text())  # Learning to Execute
+    if solved:
         head.insert(10, "solved (best weights)")
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for kept, summary, found in zip(runs, summaries, evaluations, strict=True):
@@ -105,7 +106,7 @@ def table(round_dir: Path) -> str:
             "-" if final is None else _format(final, metric),
             _format(record[metric], metric),
         ]
-        if metric == "accuracy":
+        if solved:
             cells.append(_format(record["solved"], "solved"))
         more = record.get("more_held_out", {})
         cells += [_format(more[o][metric], metric) for o in others]
