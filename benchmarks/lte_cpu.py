@@ -3,10 +3,10 @@
 One run is ``relmem train lte --preset cpu-TASK --model MODEL`` (``cpu`` for full programs;
 :mod:`relmem.tasks.learn_to_execute.presets`) under a wall-clock budget in a work directory;
 then ``relmem eval`` (the held-out set, and the breakdown by length and nesting) and ``relmem
-plot``; ``config.json``, ``run.json``, ``metrics.jsonl``, ``summary.json``, ``eval.json`` and
-``curves.png`` are copied to ``benchmarks/results/lte/TASK-MODEL/`` with ``baseline.json``, the
-score of guessing from the output length alone. ``--table`` prints the README's table from
-those directories.
+plot``; ``round_table.keep`` copies the run's small files to
+``benchmarks/results/lte/TASK-MODEL/``, and ``baseline.json`` beside them holds the score of
+guessing from the output length alone. ``--table`` prints the README's table from those
+directories.
 
     PYTHONPATH=src python benchmarks/lte_cpu.py --task addition --model rmc --minutes 10
     PYTHONPATH=src python benchmarks/lte_cpu.py --table
@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from datetime import datetime, timezone
 from pathlib import Path
+
+from round_table import keep  # benchmarks/round_table.py, beside this script
 
 from relmem import cli
 from relmem.tasks import get_preset, get_task
@@ -26,7 +27,6 @@ from relmem.tasks.learn_to_execute.programs import TASKS
 from relmem.train.loop import run
 
 RESULTS = Path(__file__).parent / "results" / "lte"  # the default of --results-dir
-KEPT = ("config.json", "run.json", "metrics.jsonl", "summary.json", "eval.json")
 
 
 def train(
@@ -41,10 +41,7 @@ def train(
     assert cli.main(["eval", str(result.run_dir), "--device", "cpu"]) == 0
     assert cli.main(["plot", str(result.run_dir)]) == 0
     kept = results / f"{task_type}-{model}"
-    kept.mkdir(parents=True, exist_ok=True)
-    for name in KEPT:
-        shutil.copy(result.run_dir / name, kept / name)
-    shutil.copy(result.run_dir / "plots" / "curves.png", kept / "curves.png")
+    keep(result.run_dir, kept)
     accuracy, solved = get_task("lte").build(config.task).length_only_baseline()
     baseline = {"accuracy": accuracy, "solved": solved, "what": "output length alone"}
     (kept / "baseline.json").write_text(json.dumps(baseline, indent=2) + "\n")

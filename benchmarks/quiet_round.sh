@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
-# The README's language-modelling and Learning to Execute rows, one run at a time.
+# The README's headline rows, one run at a time, with the load average sampled beside each.
 #
-#   bash benchmarks/quiet_round.sh WIKITEXT2_DIR OUT [WORD_LANGUAGE_MODEL_DIR]
+#   bash benchmarks/quiet_round.sh OUT lm WIKITEXT2_DIR [WORD_LANGUAGE_MODEL_DIR]
+#   bash benchmarks/quiet_round.sh OUT lte
+#   bash benchmarks/quiet_round.sh OUT minipacman
+#   bash benchmarks/quiet_round.sh OUT memory
 #
-# For seeds 0 and 1 and the RMC and the LSTM: `relmem train lm` (the `cpu` preset, 10 minutes,
-# one thread) on WIKITEXT2_DIR (train.txt, valid.txt, test.txt) and `relmem train lte` (the
-# `cpu` preset: full programs, L=3, N=2, 10 minutes, one thread), each followed by `relmem eval`
-# and `relmem plot`; the 1-minute load average is sampled every 15 s beside each run into
-# OUT/TASK/load-RUN.log. Given a checkout of pytorch/examples' word_language_model folder, its
-# main.py then runs one epoch with its defaults on the same files with one thread (its log:
-# OUT/word_language_model.log). Nothing else should run meanwhile: the runs are timed.
-# Then: python benchmarks/round_table.py keep OUT/lm/*/ --to ... --load-logs OUT/lm (see there).
+# lm: `relmem train lm` (the `cpu` preset, 10 minutes, one thread) on WIKITEXT2_DIR (train.txt,
+# valid.txt, test.txt), seeds 0 and 1, the RMC and the LSTM; given a checkout of
+# pytorch/examples' word_language_model folder, its main.py then runs one epoch with its
+# defaults on the same files with one thread (its log: OUT/word_language_model.log).
+# lte: `relmem train lte` (full programs, L=3, N=2, 10 minutes, one thread), the same four runs.
+# minipacman: `relmem train minipacman` (600 PPO steps, the preset's threads), the RMC and the
+# LSTM, seed 0 then seed 1. memory: `relmem train copy` (the DNC, seeds 0 and 1; the LSTM,
+# seed 0) and `relmem train associative-recall` (the DNC, seed 1; the LSTM, seed 0).
+# Each run is followed by `relmem eval` and `relmem plot`; the 1-minute load average is
+# sampled every 15 s beside each run into OUT/TASK/load-RUN.log. Nothing else should run
+# meanwhile: the runs are timed.
+# Then: python benchmarks/round_table.py keep OUT/TASK/*/ --to ... --load-logs OUT/TASK
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
-  sed -n '2,13p' "$0"
+  sed -n '2,20p' "$0"
   exit 2
 fi
-data=$1 out=$2 example=${3:-}
+out=$1 family=$2
+shift 2
 relmem=${RELMEM:-relmem}
-mkdir -p "$out/lm" "$out/lte"
 
 sample_load() {  # the 1-minute, 5-minute and 15-minute load averages every 15 s
   while true; do
@@ -38,26 +45,43 @@ timed() {  # LOG, then the command: run it with the load sampled into LOG
   return "$status"
 }
 
-for seed in 0 1; do
-  for model in rmc lstm; do
-    run=$model-seed$seed
-    timed "$out/lm/load-$run.log" "$relmem" train lm --data-dir "$data" --model "$model" \
-      --seed "$seed" --out-dir "$out/lm" --run-name "$run"
-    "$relmem" eval "$out/lm/$run"
-    "$relmem" plot "$out/lm/$run"
-  done
-done
-for seed in 0 1; do
-  for model in rmc lstm; do
-    run=$model-seed$seed
-    timed "$out/lte/load-$run.log" "$relmem" train lte --model "$model" --seed "$seed" \
-      --out-dir "$out/lte" --run-name "$run"
-    "$relmem" eval "$out/lte/$run"
-    "$relmem" plot "$out/lte/$run"
-  done
-done
-if [[ -n $example ]]; then
-  (cd "$example" && timed "$out/load-word_language_model.log" env OMP_NUM_THREADS=1 \
-    python main.py --data "$data" --epochs 1 --save "$out/word_language_model.pt") \
-    >"$out/word_language_model.log" 2>&1
-fi
+run() {  # TASK MODEL SEED [OPTIONS...]: train, evaluate and plot OUT/TASK/MODEL-seedSEED
+  local task=$1 model=$2 seed=$3
+  shift 3
+  local name=$model-seed$seed
+  mkdir -p "$out/$task"
+  timed "$out/$task/load-$name.log" "$relmem" train "$task" --model "$model" --seed "$seed" \
+    --out-dir "$out/$task" --run-name "$name" "$@"
+  "$relmem" eval "$out/$task/$name"
+  "$relmem" plot "$out/$task/$name"
+}
+
+case $family in
+  lm)
+    data=$1 example=${2:-}
+    for seed in 0 1; do
+      for model in rmc lstm; do run lm "$model" "$seed" --data-dir "$data"; done
+    done
+    if [[ -n $example ]]; then
+      (cd "$example" && timed "$out/load-word_language_model.log" env OMP_NUM_THREADS=1 \
+        python main.py --data "$data" --epochs 1 --save "$out/word_language_model.pt") \
+        >"$out/word_language_model.log" 2>&1
+    fi
+    ;;
+  lte | minipacman)
+    for seed in 0 1; do
+      for model in rmc lstm; do run "$family" "$model" "$seed"; done
+    done
+    ;;
+  memory)
+    run copy dnc 0
+    run associative-recall dnc 1
+    run copy dnc 1
+    run copy lstm 0
+    run associative-recall lstm 0
+    ;;
+  *)
+    echo "quiet_round.sh: unknown family '$family' (lm, lte, minipacman or memory)" >&2
+    exit 2
+    ;;
+esac

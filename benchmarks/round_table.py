@@ -4,10 +4,11 @@ A round is several ``relmem train`` runs of one task, run one at a time on a qui
 (``benchmarks/quiet_round.sh`` runs the README's headline rows that way and samples the load
 average beside each run). ``keep`` copies each run's small files (and its load log, when
 given) to ``benchmarks/results/TASK/ROUND/NAME/``; ``table`` prints one row per kept run:
-steps, wall time, training speed, the held-out metric of the final and of the best weights
-(and ``relmem eval``'s other held-out sets, such as a test set), the load average's range,
-and the held-out metric at the largest evaluation step that every run of the table reached
-(equal steps beside equal time).
+steps, wall time, training speed, the load average's range, the held-out metric of the final
+weights, ``relmem eval``'s (of the best weights where the task keeps them, else of the last
+checkpoint; with the step of the weights it evaluated, and its other held-out sets, such as a
+test set), and the held-out metric at the largest evaluation step that every run of the table
+reached (equal steps beside equal time).
 
     python benchmarks/round_table.py keep RUN_DIR... --to benchmarks/results/lm/ROUND \\
         [--load-logs DIR]
@@ -25,20 +26,18 @@ from typing import Any
 KEPT = ("config.json", "run.json", "metrics.jsonl", "summary.json", "eval.json")
 
 
-def keep(run_dirs: list[Path], to: Path, load_logs: Path | None) -> None:
-    """Copy each run's :data:`KEPT` files, its ``plots/curves.png`` when plotted, and
-    ``LOAD_LOGS/load-NAME.log`` (NAME the run directory's name) as ``load.log``."""
-    for run_dir in run_dirs:
-        kept = to / run_dir.name
-        kept.mkdir(parents=True, exist_ok=True)
-        for name in KEPT:
-            shutil.copy(run_dir / name, kept / name)
-        curves = run_dir / "plots" / "curves.png"
-        if curves.is_file():
-            shutil.copy(curves, kept / "curves.png")
-        if load_logs is not None:
-            shutil.copy(load_logs / f"load-{run_dir.name}.log", kept / "load.log")
-        print(f"kept {kept}")
+def keep(run_dir: Path, kept: Path, load_log: Path | None = None) -> None:
+    """Copy one run's :data:`KEPT` files, its ``plots/curves.png`` when plotted, and
+    ``load_log`` (when given) as ``load.log`` into the folder ``kept``."""
+    kept.mkdir(parents=True, exist_ok=True)
+    for name in KEPT:
+        shutil.copy(run_dir / name, kept / name)
+    curves = run_dir / "plots" / "curves.png"
+    if curves.is_file():
+        shutil.copy(curves, kept / "curves.png")
+    if load_log is not None:
+        shutil.copy(load_log, kept / "load.log")
+    print(f"kept {kept}")
 
 
 def _evaluations(kept: Path, metric: str) -> dict[int, float]:
@@ -60,14 +59,34 @@ def _load_range(kept: Path) -> str:
     return f"{min(values):.2f}-{max(values):.2f}"
 
 
-def _speed(summary: dict[str, Any], config: dict[str, Any]) -> str:
-    """Training sequences per second, or tokens per second (a language model's windows)."""
-    per_second = summary["sequences_seen"] / summary["wall_time_s"]
-    return f"{per_second * config['task'].get('bptt', 1):,.0f}"
+def _speed(summary: dict[str, Any], config: dict[str, Any]) -> tuple[str, str]:
+    """``(unit, figure)``: an RL run's frames, a language model's tokens (its windows times
+    ``bptt``), or else the training sequences, per second of the run."""
+    if "frames_seen" in summary:
+        return "frames/s", f"{summary['frames_seen'] / summary['wall_time_s']:,.0f}"
+    if "bptt" in config["task"]:
+        per_second = summary["sequences_seen"] * config["task"]["bptt"] / summary["wall_time_s"]
+        return "tokens/s", f"{per_second:,.0f}"
+    return "sequences/s", f"{summary['sequences_seen'] / summary['wall_time_s']:,.0f}"
+
+
+def _evaluated(record: dict[str, Any], metric: str) -> float:
+    """``relmem eval``'s held-out metric (of the best weights where the task keeps them, else
+    of the last checkpoint; an RL run's is its agent's, on the test levels)."""
+    return float(record["agent"][metric] if "agent" in record else record[metric])
+
+
+def _step(record: dict[str, Any]) -> str:
+    """`` (STEP)``, the step of the weights ``relmem eval`` used, where it recorded it."""
+    return f" ({record['step']:,})" if "step" in record else ""
 
 
 def _format(value: float, metric: str) -> str:
-    return f"{100 * value:.1f}%" if metric in ("accuracy", "solved") else f"{value:.1f}"
+    """A percentage for a rate; otherwise one decimal, or three significant digits below 10
+    (a few bit errors per sequence)."""
+    if metric in ("accuracy", "solved"):
+        return f"{100 * value:.1f}%"
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}"
 
 
 def table(round_dir: Path) -> str:
@@ -75,24 +94,26 @@ def table(round_dir: Path) -> str:
     runs = sorted(p for p in round_dir.iterdir() if (p / "summary.json").is_file())
     if not runs:
         raise SystemExit(f"{round_dir}: no kept runs (a folder per run, with summary.json)")
-    summaries = [json.loads((p / "summary.json").read_text()) for p in runs]
+    summaries, configs, records = (
+        [json.loads((p / name).read_text()) for p in runs]
+        for name in ("summary.json", "config.json", "eval.json")
+    )
     metric = summaries[0]["metric"]
     evaluations = [_evaluations(p, metric) for p in runs]
     common = set.intersection(*(set(e) for e in evaluations))
     equal = max(common) if common else None
-    others = sorted(json.loads((runs[0] / "eval.json").read_text()).get("more_held_out", {}))
-    tokens = "bptt" in json.loads((runs[0] / "config.json").read_text())["task"]
+    others = sorted(records[0].get("more_held_out", {}))
+    solved = "solved" in records[0]  # Learning to Execute
     head = ["run", "model", "seed", "parameters", "steps", "wall",
-            "tokens/s" if tokens else "sequences/s", "load 1m",
-            f"{metric}, final", f"{metric}, best weights", *(f"{o} (best weights)" for o in others),
+            _speed(summaries[0], configs[0])[0], "load 1m",
+            f"{metric}, final", f"{metric}, relmem eval (weights' step)",
+            *(["solved, relmem eval"] if solved else []),
+            *(f"{o}, relmem eval" for o in others),
             f"{metric} at step {equal:,}" if equal else "equal steps: none"]  # fmt: skip
-    solved = "solved" in json.loads((runs[0] / "eval.json").read_text())  # Learning to Execute
-    if solved:
-        head.insert(10, "solved (best weights)")
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for kept, summary, found in zip(runs, summaries, evaluations, strict=True):
-        config = json.loads((kept / "config.json").read_text())
-        record: dict[str, Any] = json.loads((kept / "eval.json").read_text())
+    for kept, summary, config, record, found in zip(
+        runs, summaries, configs, records, evaluations, strict=True
+    ):
         final = summary.get(f"held_out_{metric}")
         cells = [
             kept.name,
@@ -101,16 +122,14 @@ def table(round_dir: Path) -> str:
             f"{summary['parameters']:,}",
             f"{summary['steps']:,}",
             f"{summary['wall_time_s'] / 60:.1f} min",
-            _speed(summary, config),
+            _speed(summary, config)[1],
             _load_range(kept),
             "-" if final is None else _format(final, metric),
-            _format(record[metric], metric),
+            _format(_evaluated(record, metric), metric) + _step(record),
+            *([_format(record["solved"], "solved")] if solved else []),
+            *(_format(record["more_held_out"][o][metric], metric) for o in others),
+            _format(found[equal], metric) if equal else "-",
         ]
-        if solved:
-            cells.append(_format(record["solved"], "solved"))
-        more = record.get("more_held_out", {})
-        cells += [_format(more[o][metric], metric) for o in others]
-        cells.append(_format(found[equal], metric) if equal else "-")
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -126,7 +145,9 @@ def main() -> None:
     tabling.add_argument("round_dir", type=Path)
     args = parser.parse_args()
     if args.command == "keep":
-        keep(args.run_dirs, args.to, args.load_logs)
+        for run_dir in args.run_dirs:
+            logs = args.load_logs
+            keep(run_dir, args.to / run_dir.name, logs and logs / f"load-{run_dir.name}.log")
     else:
         print(table(args.round_dir))
 
