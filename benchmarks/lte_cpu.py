@@ -55,7 +55,7 @@ def table(results: Path) -> str:
         "| task | model | steps | wall time | per-char accuracy | solved | length alone |",
         "|---|---|---|---|---|---|---|",
     ]
-    for kept in sorted(results.iterdir()):
+    for kept in sorted(p.parent for p in results.glob("*/baseline.json")):  # this script's
         summary = json.loads((kept / "summary.json").read_text())
         baseline = json.loads((kept / "baseline.json").read_text())
         task = json.loads((kept / "config.json").read_text())["task"]

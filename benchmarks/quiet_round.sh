@@ -12,15 +12,16 @@
 # defaults on the same files with one thread (its log: OUT/word_language_model.log).
 # lte: `relmem train lte` (full programs, L=3, N=2, 10 minutes, one thread), the same four runs.
 # minipacman: `relmem train minipacman` (600 PPO steps, the preset's threads), the RMC and the
-# LSTM, seed 0 then seed 1. memory: `relmem train copy` (the DNC, seeds 0 and 1; the LSTM,
-# seed 0) and `relmem train associative-recall` (the DNC, seed 1; the LSTM, seed 0).
+# LSTM, seed 0 then seed 1. memory: `relmem train repeat-copy` (the DNC and the LSTM, seed 0),
+# `relmem train copy` and `relmem train associative-recall` (the DNC, seeds 0 and 1; the LSTM,
+# seed 0).
 # Each run is followed by `relmem eval` and `relmem plot`; the 1-minute load average is
 # sampled every 15 s beside each run into OUT/TASK/load-RUN.log. Nothing else should run
 # meanwhile: the runs are timed.
 # Then: python benchmarks/round_table.py keep OUT/TASK/*/ --to ... --load-logs OUT/TASK
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
-  sed -n '2,20p' "$0"
+  sed -n '2,21p' "$0"
   exit 2
 fi
 out=$1 family=$2
@@ -74,11 +75,11 @@ case $family in
     done
     ;;
   memory)
-    run copy dnc 0
-    run associative-recall dnc 1
-    run copy dnc 1
-    run copy lstm 0
-    run associative-recall lstm 0
+    for model in dnc lstm; do run repeat-copy "$model" 0; done
+    for task in copy associative-recall; do
+      for seed in 0 1; do run "$task" dnc "$seed"; done
+      run "$task" lstm 0
+    done
     ;;
   *)
     echo "quiet_round.sh: unknown family '$family' (lm, lte, minipacman or memory)" >&2
