@@ -3,30 +3,34 @@
 #
 #   bash benchmarks/quiet_round.sh OUT lm WIKITEXT2_DIR [WORD_LANGUAGE_MODEL_DIR]
 #   bash benchmarks/quiet_round.sh OUT lte
-#   bash benchmarks/quiet_round.sh OUT minipacman
+#   bash benchmarks/quiet_round.sh OUT minipacman | boxworld
 #   bash benchmarks/quiet_round.sh OUT memory
+#   bash benchmarks/quiet_round.sh OUT nth-farthest
 #
 # lm: `relmem train lm` (the `cpu` preset, 10 minutes, one thread) on WIKITEXT2_DIR (train.txt,
 # valid.txt, test.txt), seeds 0 and 1, the RMC and the LSTM; given a checkout of
 # pytorch/examples' word_language_model folder, its main.py then runs one epoch with its
 # defaults on the same files with one thread (its log: OUT/word_language_model.log).
 # lte: `relmem train lte` (full programs, L=3, N=2, 10 minutes, one thread), the same four runs.
-# minipacman: `relmem train minipacman` (600 PPO steps, the preset's threads), the RMC and the
-# LSTM, seed 0 then seed 1. memory: `relmem train repeat-copy` (the DNC and the LSTM, seed 0),
+# minipacman, boxworld: `relmem train TASK` (600 PPO steps, the preset's threads), the RMC and
+# the LSTM, seed 0 then seed 1. memory: `relmem train repeat-copy` (the DNC and the LSTM, seed 0),
 # `relmem train copy` and `relmem train associative-recall` (the DNC, seeds 0 and 1; the LSTM,
-# seed 0).
+# seed 0). nth-farthest: `relmem train nth-farthest` (the RMC and the LSTM on the `cpu` preset,
+# the DNC on `dnc-cpu`), seed 0.
 # Each run is followed by `relmem eval` and `relmem plot`; the 1-minute load average is
 # sampled every 15 s beside each run into OUT/TASK/load-RUN.log. Nothing else should run
-# meanwhile: the runs are timed.
+# meanwhile: the runs are timed. MODELS="lstm" (say) runs only those models' runs of lm, lte,
+# minipacman, boxworld and nth-farthest.
 # Then: python benchmarks/round_table.py keep OUT/TASK/*/ --to ... --load-logs OUT/TASK
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
-  sed -n '2,21p' "$0"
+  sed -n '2,25p' "$0"
   exit 2
 fi
 out=$1 family=$2
 shift 2
 relmem=${RELMEM:-relmem}
+models=${MODELS:-rmc lstm}
 
 sample_load() {  # the 1-minute, 5-minute and 15-minute load averages every 15 s
   while true; do
@@ -61,7 +65,7 @@ case $family in
   lm)
     data=$1 example=${2:-}
     for seed in 0 1; do
-      for model in rmc lstm; do run lm "$model" "$seed" --data-dir "$data"; done
+      for model in $models; do run lm "$model" "$seed" --data-dir "$data"; done
     done
     if [[ -n $example ]]; then
       (cd "$example" && timed "$out/load-word_language_model.log" env OMP_NUM_THREADS=1 \
@@ -69,9 +73,9 @@ case $family in
         >"$out/word_language_model.log" 2>&1
     fi
     ;;
-  lte | minipacman)
+  lte | minipacman | boxworld)
     for seed in 0 1; do
-      for model in rmc lstm; do run "$family" "$model" "$seed"; done
+      for model in $models; do run "$family" "$model" "$seed"; done
     done
     ;;
   memory)
@@ -81,8 +85,17 @@ case $family in
       run "$task" lstm 0
     done
     ;;
+  nth-farthest)
+    for model in ${MODELS:-rmc lstm dnc}; do
+      if [[ $model == dnc ]]; then
+        run nth-farthest dnc 0 --preset dnc-cpu
+      else
+        run nth-farthest "$model" 0
+      fi
+    done
+    ;;
   *)
-    echo "quiet_round.sh: unknown family '$family' (lm, lte, minipacman or memory)" >&2
+    echo "quiet_round.sh: unknown family '$family' (lm, lte, minipacman, boxworld, memory or nth-farthest)" >&2
     exit 2
     ;;
 esac
