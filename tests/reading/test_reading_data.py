@@ -10,6 +10,8 @@ import torch
 
 from relmem.tasks.reading.data import (
     CACHE_DIR,
+    PAD,
+    UNK,
     EncodedSplit,
     Vocabulary,
     load_vocabulary,
@@ -170,3 +172,11 @@ def test_the_dataset_option_says_how_to_get_squad_offline(tmp_path: Path, monkey
     message = str(error.value)
     assert "datasets" in message and "rajpurkar.github.io/SQuAD-explorer" in message
     assert str(tmp_path / "squad") in message
+
+
+def test_the_exported_vocabulary_round_trips() -> None:
+    vocabulary = Vocabulary(("the", "bee"), ("t", "h"))
+    record = vocabulary.exported()
+    assert record["words"] == ["<pad>", "<unk>", "the", "bee"]  # ids 0 and 1, then id order
+    assert record["chars"][PAD] == "<pad>" and record["chars"][UNK] == "<unk>"
+    assert Vocabulary.from_exported(record) == vocabulary

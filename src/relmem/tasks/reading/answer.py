@@ -104,8 +104,7 @@ def load_reader(
         model, words, task_name, config = load_pretrained(path, device=device)
         if not isinstance(config.task, ReadingConfig) or not isinstance(words, dict):
             raise ValueError(f"{path} holds a model of {task_name!r}, not a reader")
-        vocabulary = Vocabulary(tuple(words["words"][2:]), tuple(words["chars"][2:]))
-        return AnswerReader(vocabulary, config.task, model)
+        return AnswerReader(Vocabulary.from_exported(words), config.task, model)
     _, task_name, task, model, _ = load_trained(
         path, checkpoint, torch.device(device), prefer_best=True
     )

@@ -176,6 +176,17 @@ class Vocabulary:
             "sha1": digest.hexdigest(),
         }
 
+    def exported(self) -> dict[str, list[str]]:
+        """Words and characters in id order, ids 0 and 1 (padding, unknown) included: what
+        ``relmem export`` writes as ``vocab.json``."""
+        special = ["<pad>", "<unk>"]
+        return {"words": [*special, *self.words], "chars": [*special, *self.chars]}
+
+    @staticmethod
+    def from_exported(record: dict[str, list[str]]) -> Vocabulary:
+        """The vocabulary whose :meth:`exported` record is ``record``."""
+        return Vocabulary(tuple(record["words"][2:]), tuple(record["chars"][2:]))
+
     def word_ids(self, tokens: list[str]) -> Tensor:
         """``[N]`` int32 ids of ``tokens`` (lower-cased)."""
         index = self._word_index

@@ -395,8 +395,7 @@ class Reading(Task):
 
     def export_vocabulary(self) -> dict[str, list[str]]:
         """Words and characters in id order (ids 0 and 1 are padding and unknown)."""
-        words, chars = self.vocabulary.words, self.vocabulary.chars
-        return {"words": ["<pad>", "<unk>", *words], "chars": ["<pad>", "<unk>", *chars]}
+        return self.vocabulary.exported()
 
 
 def best_spans(logits: Tensor, max_tokens: int) -> tuple[Tensor, Tensor, Tensor]:
