@@ -23,6 +23,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from relmem.train.metrics import read_metrics, series
+
 KEPT = ("config.json", "run.json", "metrics.jsonl", "summary.json", "eval.json")
 
 
@@ -42,12 +44,8 @@ def keep(run_dir: Path, kept: Path, load_log: Path | None = None) -> None:
 
 def _evaluations(kept: Path, metric: str) -> dict[int, float]:
     """``{step: held-out metric}`` of every evaluation the run logged."""
-    found = {}
-    for line in (kept / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if f"eval/{metric}" in record:
-            found[int(record["step"])] = float(record[f"eval/{metric}"])
-    return found
+    steps, values = series(read_metrics(kept / "metrics.jsonl"), f"eval/{metric}", "step")
+    return {int(step): float(value) for step, value in zip(steps, values, strict=True)}
 
 
 def _load_range(kept: Path) -> str:
