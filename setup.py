@@ -9,5 +9,8 @@ from setuptools import find_namespace_packages, setup
 setup(
     packages=[*find_namespace_packages("src"), "relmem.docs"],
     package_dir={"": "src", "relmem.docs": "docs"},
-    package_data={"relmem": ["py.typed", "cores/rmc/csrc/*.cpp"], "relmem.docs": ["*.md"]},
+    package_data={
+        "relmem": ["py.typed", "cores/rmc/csrc/*.cpp", "cores/dnc/csrc/*.cpp"],
+        "relmem.docs": ["*.md"],
+    },
 )

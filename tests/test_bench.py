@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from relmem.benchmarking.baselines import floor_products
-from relmem.benchmarking.configs import CONFIGS, FLOOR, PORT
+from relmem.benchmarking.configs import CONFIGS, FLOOR, PORT, PYTORCH_DNC
+from relmem.benchmarking.dnc import DNC_CONFIGS, pytorch_dnc_available
+from relmem.benchmarking.dnc import floor_products as dnc_floor_products
 from relmem.benchmarking.port import PortCore, file_sha256, load_port_class, port_arguments
 from relmem.commands.bench import main, parse
 from relmem.cores.rmc import RMCConfig, fast_path_products, step_flops
@@ -120,7 +122,8 @@ def test_bench_rejects_an_unknown_implementation(capsys: pytest.CaptureFixture[s
 def test_bench_parses_the_documented_commands(tmp_path: Path) -> None:
     args = parse(["--device", "cpu", "--threads", "1", "--repeat", "7"])
     assert (args.device, args.threads, args.repeat, args.warmup) == ("cpu", 1, 7, 1)
-    assert args.configs == tuple(CONFIGS) and args.only is None and not args.compile
+    assert args.core == "rmc" and args.configs is None  # all of the core's
+    assert args.only is None and not args.compile
     argv = [
         "--configs",
         "small",
@@ -397,3 +400,59 @@ def test_plot_bench_writes_several_plots_into_an_out_directory(tmp_path: Path) -
     ]
     refused = subprocess.run([*script, "--out", str(tmp_path / "one.png")], env=env)
     assert refused.returncode == 2
+
+
+def test_dnc_floor_counts_the_step_products_by_hand() -> None:
+    """repeat-copy: controller 64 over input 6 + R·W 64, interface 4·16 + 3·16 + 4·5 + 3 = 135
+    (docs/dnc.md §3.1), output over 64 + 64; content, link and read products per example."""
+    products = dnc_floor_products(DNC_CONFIGS["repeat-copy"], 16)
+    assert [tuple(p) for p in products["loop"]] == [
+        (0, 16, 70, 256),
+        (0, 16, 64, 256),
+        (0, 16, 64, 135),
+        (16, 1, 16, 16),
+        (16, 4, 16, 16),
+        (16, 4, 16, 16),
+        (16, 4, 16, 16),
+        (16, 4, 16, 16),
+        (0, 16, 128, 64),
+    ]
+    assert products["hoisted"] == []
+    layer = dnc_floor_products(DNC_CONFIGS["reader-cpu"], 32)
+    assert [tuple(p) for p in layer["hoisted"]] == [(0, 1, 96, 96), (0, 1, 64, 96), (0, 1, 96, 96)]
+    assert tuple(layer["loop"][0]) == (0, 32, 96 + 64, 3 * 96)  # the GRU's input gates
+
+
+def test_bench_times_the_dnc(tmp_path: Path) -> None:
+    argv = ["--core", "dnc", "--device", "cpu", "--configs", "repeat-copy", "reader-cpu"]
+    sizes = ["--steps", "3", "--batch", "2", "--warmup", "0", "--repeat", "1"]
+    assert main([*argv, *sizes, "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("bench-cpu-*.json")
+    payload = json.loads(path.read_text())
+    records = [(r["config"], r["implementation"]) for r in payload["results"]]
+    expected = {"reference", "fused", "lstm-params", FLOOR} | (
+        {PYTORCH_DNC} if pytorch_dnc_available() else set()
+    )
+    for config in ("repeat-copy", "reader-cpu"):
+        assert {impl for c, impl in records if c == config} == expected
+    by_impl = {r["implementation"]: r for r in payload["results"] if r["config"] == "reader-cpu"}
+    assert by_impl["reference"]["module"] == "layer"
+    assert by_impl["fused"]["parameters"] == by_impl["reference"]["parameters"]
+    assert by_impl["fused"]["train"]["saved_activation_bytes"] > 0
+    assert "÷ matmul-floor" in payload["table"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--core", "dnc", "--configs", "small"], "--configs small is not one of the DNC's"),
+        (["--configs", "copy"], "--configs copy is not one of the RMC's"),
+        (["--core", "dnc", "--only", "fast"], "--only fast is not timed with --core dnc"),
+    ],
+)
+def test_bench_refuses_the_other_cores_names(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*argv, "--device", "cpu", "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.json"))

@@ -20,6 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import relmem.cores.rmc.fused as fused_module
 import relmem.cores.rmc.module as module_module
+from relmem.cores import extension
 from relmem.cores.rmc import RelationalMemory, RelationalMemoryCell, prefer_fused
 
 fused_module.load_fused_ops()
@@ -304,8 +305,8 @@ def test_ninja_is_found_beside_python_without_an_activated_environment(
     import ninja
 
     monkeypatch.setenv("PATH", "/usr/bin")
-    monkeypatch.setattr(fused_module.shutil, "which", lambda name: None)
-    fused_module._put_ninja_on_path()
+    monkeypatch.setattr(extension.shutil, "which", lambda name: None)
+    extension.put_ninja_on_path()
     assert os.environ["PATH"].split(os.pathsep)[:2] == [ninja.BIN_DIR, "/usr/bin"]
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 FLOOR = "matmul-floor"
 PORT = "port"
+PYTORCH_DNC = "pytorch-dnc"  # ixaxaar's pytorch-dnc, timed with --core dnc
 IMPLEMENTATIONS = (
     "reference",
     "fast",

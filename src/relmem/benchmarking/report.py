@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from relmem.benchmarking.configs import FLOOR, PORT
+from relmem.benchmarking.configs import FLOOR, PORT, PYTORCH_DNC
 
 _COLUMNS = ("config", "implementation", "fwd ms", "fwd+bwd ms", "items/s")
 
@@ -49,10 +49,14 @@ def train_medians(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, floa
 
 def summary(records: list[dict[str, Any]]) -> str:
     """A Markdown table: per configuration and implementation, ms and ratios."""
+    others = ["lstm-params", "lstm-width", FLOOR, PORT]
+    if any(record["implementation"] == PYTORCH_DNC for record in records):
+        others.append(PYTORCH_DNC)
     lines = [
-        "| config | T×B | implementation | fwd ms | fwd+bwd ms | fwd+bwd steps·batch/s "
-        "| ÷ lstm-params | ÷ lstm-width | ÷ matmul-floor | ÷ port | reference ÷ this |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| config | T×B | implementation | fwd ms | fwd+bwd ms | fwd+bwd steps·batch/s | "
+        + " | ".join(f"÷ {other}" for other in others)
+        + " | reference ÷ this |",
+        "|---|---|---|---:|---:|---:|" + "---:|" * (len(others) + 1),
     ]
     by_config: dict[str, dict[str, dict[str, Any]]] = {}
     for record in records:
@@ -63,7 +67,7 @@ def summary(records: list[dict[str, Any]]) -> str:
         for impl, record in impls.items():
             ms = train_ms[impl]
             cells = []
-            for other in ("lstm-params", "lstm-width", FLOOR, PORT):
+            for other in others:
                 cells.append(f"{ms / train_ms[other]:.2f}×" if other in train_ms else "–")
             ref = train_ms.get("reference")
             cells.append(f"{ref / ms:.2f}×" if ref else "–")

@@ -12,8 +12,13 @@ from torch import Tensor, nn
 
 
 def _final_tensors(final: Any) -> list[Tensor]:
-    """The tensors of a final state (an ``RMCState`` may hold a None)."""
-    return [t for t in final if isinstance(t, Tensor)]
+    """The floating tensors of a final state, nested tuples included (an ``RMCState`` may hold
+    a None, a ``DNCState`` its controller's ``(h, c)`` pairs)."""
+    if isinstance(final, Tensor):
+        return [final] if final.is_floating_point() else []
+    if isinstance(final, (tuple, list)):
+        return [t for part in final for t in _final_tensors(part)]
+    return []
 
 
 def timed_passes(module: nn.Module, inputs: Tensor) -> dict[str, Callable[[], None]]:

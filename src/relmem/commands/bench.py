@@ -1,6 +1,11 @@
-"""``relmem bench``: RMC throughput, reference vs fast vs ``nn.LSTM``, written to JSON.
+"""``relmem bench``: RMC (or, with ``--core dnc``, DNC) throughput, written to JSON.
 
-For each configuration (:data:`relmem.benchmarking.configs.CONFIGS`) it times, on one device
+With ``--core dnc`` it times the DNC's configurations
+(:data:`relmem.benchmarking.dnc.DNC_CONFIGS`: ``repeat-copy``, ``copy``, ``reader-cpu``,
+``reader-paper``): the reference memory step, the fused one, an ``nn.LSTM`` of equal parameters,
+the step's bare products (``matmul-floor``) and ixaxaar's ``pytorch-dnc`` when the ``dnc`` package
+is installed (:mod:`relmem.benchmarking.dnc`). Otherwise, for each RMC configuration
+(:data:`relmem.benchmarking.configs.CONFIGS`) it times, on one device
 and in one process:
 
 - ``reference``: :class:`RelationalMemory` with ``implementation='reference'`` (the plain
@@ -48,14 +53,23 @@ import torch
 import tyro
 
 from relmem.benchmarking.configs import CONFIGS, IMPLEMENTATIONS
+from relmem.benchmarking.dnc import (
+    DNC_CONFIGS,
+    DNC_IMPLEMENTATIONS,
+    pytorch_dnc_available,
+    run_dnc_config,
+)
 from relmem.benchmarking.port import file_sha256, load_port_class
 from relmem.benchmarking.report import prepare_out_dir, progress_header, summary, write_results
 from relmem.benchmarking.runner import run_config
 from relmem.env_info import machine_info
 from relmem.validation import check_at_least
 
-ConfigName = Literal[tuple(CONFIGS)]  # type: ignore[valid-type]
-ImplementationName = Literal[IMPLEMENTATIONS]  # type: ignore[valid-type]
+ConfigName = Literal[(*CONFIGS, *DNC_CONFIGS)]  # type: ignore[valid-type]
+ImplementationName = Literal[  # type: ignore[valid-type]
+    tuple(dict.fromkeys((*IMPLEMENTATIONS, *DNC_IMPLEMENTATIONS)))
+]
+CORES = {"rmc": (CONFIGS, IMPLEMENTATIONS), "dnc": (DNC_CONFIGS, DNC_IMPLEMENTATIONS)}
 
 
 def _default_device() -> str:
@@ -64,12 +78,15 @@ def _default_device() -> str:
 
 @dataclass
 class BenchArgs:
-    """Time the RMC (reference, fast) against nn.LSTM; write JSON results."""
+    """Time the RMC (reference, fast) or the DNC (reference, fused) against nn.LSTM; write JSON
+    results."""
 
     device: str = field(default_factory=_default_device)
     """Device to time on: cpu, cuda or cuda:N."""
-    configs: tuple[ConfigName, ...] = tuple(CONFIGS)
-    """Configurations to time (see --list)."""
+    core: Literal["rmc", "dnc"] = "rmc"
+    """The core to time: the RMC or the DNC (its memory step)."""
+    configs: tuple[ConfigName, ...] | None = None
+    """Configurations to time (default: all of the core's; see --list)."""
     only: tuple[ImplementationName, ...] | None = None
     """Implementations to time (default: all available)."""
     steps: int | None = None
@@ -120,6 +137,28 @@ def _device(name: str) -> torch.device:
     return device
 
 
+def _check_core(args: BenchArgs) -> tuple[str, ...]:
+    """The configurations to time: ``--configs`` or all of the core's.
+
+    Raises:
+        ValueError: a configuration or an ``--only`` implementation of the other core.
+    """
+    configs, impls = CORES[args.core]
+    for name in args.configs or ():
+        if name not in configs:
+            raise ValueError(
+                f"--configs {name} is not one of the {args.core.upper()}'s configurations "
+                f"(--core {args.core}): {', '.join(configs)}"
+            )
+    for name in args.only or ():
+        if name not in impls:
+            raise ValueError(
+                f"--only {name} is not timed with --core {args.core}; its implementations: "
+                f"{', '.join(impls)}"
+            )
+    return tuple(args.configs or configs)
+
+
 def _check_only(args: BenchArgs, device: torch.device) -> None:
     """Refuse an ``--only`` implementation this run cannot time (it was left out silently,
     down to an empty result file).
@@ -133,6 +172,7 @@ def _check_only(args: BenchArgs, device: torch.device) -> None:
         "fast+graph": ("--device cuda", device.type == "cuda"),
         "fast+graph+bf16": ("--device cuda", device.type == "cuda"),
         "fused": ("--device cpu", device.type == "cpu"),
+        "pytorch-dnc": ("the dnc package (pip install 'relmem[bench]')", pytorch_dnc_available()),
     }
     for name in args.only or ():
         need, present = needs.get(name, ("", True))
@@ -160,12 +200,19 @@ def main(argv: list[str]) -> int:
     """Entry point of ``relmem bench``; returns the exit status."""
     args = parse(argv)
     if args.list_configs:
+        if args.core == "dnc":
+            for name, dnc_config in DNC_CONFIGS.items():
+                print(f"{name:<15} T×B={dnc_config.shape}  {dnc_config.note}")
+            return 0
         for name, config in CONFIGS.items():
             print(f"{name:<15} T×B={config.shape} (CPU {config.cpu_shape})  {config.note}")
         return 0
     try:  # every option checked before the first timing
         device = _device(args.device)
+        configs = _check_core(args)
         _check_only(args, device)
+        if args.core == "dnc" and args.against_port is not None:
+            raise ValueError("--against-port times the RMC's port; with --core dnc leave it out")
         port = None if args.against_port is None else load_port_class(args.against_port)
         prepare_out_dir(args.out)
     except ValueError as exc:  # a PortError too; each message names its option
@@ -179,7 +226,18 @@ def main(argv: list[str]) -> int:
     )
     print(progress_header())
     records = []
-    for name in args.configs:
+    for name in configs:
+        if args.core == "dnc":
+            records += run_dnc_config(
+                name,
+                device,
+                steps=args.steps,
+                batch=args.batch,
+                only=args.only,
+                warmup=args.warmup,
+                repeat=args.repeat,
+            )
+            continue
         records += run_config(
             name,
             device,

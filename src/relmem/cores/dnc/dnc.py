@@ -28,6 +28,7 @@ from relmem.cores.dnc.memory import (
     Compat,
     DNCMemory,
     DNCMemoryState,
+    Implementation,
     LinkKind,
     check_memory_options,
 )
@@ -155,6 +156,8 @@ class DNCCell(nn.Module):
             0 disables it. None (default) means 0 with 'paper' and 20 with 'deepmind'.
         link, link_topk, usage_write_grad, dealloc_content, key_mask, link_sharpness,
             interface_clip, eps: memory options, see :class:`DNCMemory`.
+        implementation: the memory step: 'auto' (default: the fused C++ step on the CPU where
+            the options allow it), 'fused' or 'reference'; see :class:`DNCMemory`.
         device, dtype: factory arguments.
 
     Shapes:
@@ -185,6 +188,7 @@ class DNCCell(nn.Module):
         link_sharpness: bool = False,
         interface_clip: float = 0.0,
         eps: float = EPSILON,
+        implementation: Implementation = "auto",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -206,6 +210,7 @@ class DNCCell(nn.Module):
             "link_sharpness": link_sharpness,
             "interface_clip": interface_clip,
             "eps": eps,
+            "implementation": implementation,
         }
         check_memory_options(name, memory_options)
         if clip_value is None:
@@ -341,8 +346,8 @@ class DNC(nn.Module):
         batch_first: input and output are ``[B, T, ·]`` instead of ``[T, B, ·]`` (default
             False, as ``nn.LSTM``). The state is batch-leading either way.
         output_size, num_layers, compat, clip_value, link, link_topk, usage_write_grad,
-            dealloc_content, key_mask, link_sharpness, interface_clip, eps, device, dtype:
-            as :class:`DNCCell`.
+            dealloc_content, key_mask, link_sharpness, interface_clip, eps, implementation,
+            device, dtype: as :class:`DNCCell`.
 
     Shapes:
         - input: ``[T, B, X]`` (``[B, T, X]`` with ``batch_first``) or a ``PackedSequence``.

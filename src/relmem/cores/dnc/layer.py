@@ -32,7 +32,7 @@ from relmem.cores.base import finish_sequence, prepare_sequence, where_active
 from relmem.cores.dnc.addressing import EPSILON
 from relmem.cores.dnc.controller import Controller, ControllerKind
 from relmem.cores.dnc.dnc import DNCState, check_step_input
-from relmem.cores.dnc.memory import DNCMemory, LinkKind, check_memory_options
+from relmem.cores.dnc.memory import DNCMemory, Implementation, LinkKind, check_memory_options
 from relmem.validation import allocation_errors, check_bool, check_factory, check_int
 
 
@@ -64,7 +64,8 @@ class MemoryControllerLayer(nn.Module):
         batch_first: ``[B, T, D]`` input and output (default False, as ``nn.LSTM``).
         link: 'dense' (default), 'sparse' or 'none'; for documents of thousands of tokens keep
             p small or use 'sparse'/'none' (the dense link keeps O(T·B·p²) values for autograd).
-        link_topk: K of the sparse link. interface_clip, eps: as :class:`DNCMemory`.
+        link_topk: K of the sparse link. interface_clip, eps, implementation: as
+            :class:`DNCMemory` (by default the fused C++ memory step on the CPU).
         device, dtype: factory arguments.
 
     Shapes:
@@ -91,6 +92,7 @@ class MemoryControllerLayer(nn.Module):
         link_topk: int = 8,
         interface_clip: float = 0.0,
         eps: float = EPSILON,
+        implementation: Implementation = "auto",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -106,6 +108,7 @@ class MemoryControllerLayer(nn.Module):
             "link_topk": link_topk,
             "interface_clip": interface_clip,
             "eps": eps,
+            "implementation": implementation,
         }
         # named in errors as the caller knows them, not as DNCMemory's memory_size, ...
         check_memory_options(

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from relmem.cores.base import check_state_tensor
 from relmem.cores.dnc import addressing as A
+from relmem.cores.dnc import fused as F
 from relmem.validation import (
     check_bool,
     check_choice,
@@ -32,6 +33,7 @@ from relmem.validation import (
 
 Compat = Literal["paper", "deepmind"]
 LinkKind = Literal["dense", "sparse", "none"]
+Implementation = Literal["auto", "fused", "reference"]
 
 
 class DNCMemoryState(NamedTuple):
@@ -177,6 +179,7 @@ def interface_layout(
 
 _SIZES = ("memory_size", "word_size", "num_read_heads", "num_write_heads")
 _FLAGS = ("usage_write_grad", "dealloc_content", "key_mask", "link_sharpness")
+_IMPLEMENTATIONS = ("auto", "fused", "reference")
 
 
 def check_memory_options(
@@ -231,6 +234,10 @@ def check_memory_options(
     for key in _FLAGS:
         if key in options:
             check_bool(named(key), options[key], owner=owner)
+    if "implementation" in options:
+        check_choice(
+            named("implementation"), options["implementation"], _IMPLEMENTATIONS, owner=owner
+        )
 
 
 class DNCMemory(nn.Module):
@@ -260,6 +267,12 @@ class DNCMemory(nn.Module):
         link_sharpness: sharpen forward/backward weights as ``d^s / Σ d^s``, s = oneplus(·).
         interface_clip: clamp ξ to ±value before squashing; 0 (default) disables it.
         eps: the ε of the cosine and the usage clamp. Default 1e-6.
+        implementation: 'auto' (default): on the CPU the fused C++ step
+            (:mod:`relmem.cores.dnc.fused`), elsewhere, or with an option it does not run (the
+            sparse link, ``dealloc_content``, ``key_mask``, ``link_sharpness``), the reference
+            step, said once; 'fused': the fused step or an error saying why not; 'reference':
+            the step of ``docs/dnc.md`` in eager ops (the oracle). Both give the same numbers
+            up to rounding, forward and backward.
         device, dtype: factory arguments.
 
     Shapes:
@@ -287,6 +300,7 @@ class DNCMemory(nn.Module):
         link_sharpness: bool = False,
         interface_clip: float = 0.0,
         eps: float = A.EPSILON,
+        implementation: Implementation = "auto",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -310,6 +324,7 @@ class DNCMemory(nn.Module):
                 "link_sharpness": link_sharpness,
                 "interface_clip": interface_clip,
                 "eps": eps,
+                "implementation": implementation,
             },
         )
         check_factory(device, dtype, owner=name)
@@ -327,6 +342,7 @@ class DNCMemory(nn.Module):
         self.link_sharpness = link_sharpness and link != "none"
         self.interface_clip = float(interface_clip)
         self.eps = float(eps)
+        self.implementation: Implementation = implementation
         self.layout = interface_layout(
             word_size,
             num_read_heads,
@@ -336,6 +352,9 @@ class DNCMemory(nn.Module):
             key_mask=key_mask,
             link_sharpness=link_sharpness,
         )
+        starts = dict(zip((f for f, _ in self.layout.fields), self._starts(), strict=True))
+        # where each field starts, in the fused operator's order (-1: absent)
+        self.operator_offsets = [starts.get(field, -1) for field in F.OPERATOR_FIELDS]
         self.interface: nn.Linear | None = None
         if input_size is not None:
             self.interface = nn.Linear(input_size, self.layout.size, device=device, dtype=dtype)
@@ -343,6 +362,13 @@ class DNCMemory(nn.Module):
         anchor = torch.empty(0, device=device, dtype=dtype)
         self.register_buffer("_anchor", anchor, persistent=False)
         self.reset_parameters()
+
+    def _starts(self) -> list[int]:
+        starts, at = [], 0
+        for _, size in self.layout.fields:
+            starts.append(at)
+            at += size
+        return starts
 
     # ------------------------------------------------------------------ parameters
 
@@ -386,6 +412,8 @@ class DNCMemory(nn.Module):
                 parts.append(f"{flag}=True")
         if self.interface_clip:
             parts.append(f"interface_clip={self.interface_clip}")
+        if self.implementation != "auto":
+            parts.append(f"implementation={self.implementation!r}")
         return ", ".join(parts)
 
     # ------------------------------------------------------------------ state
@@ -567,8 +595,60 @@ class DNCMemory(nn.Module):
         state_dtype = state.memory.dtype
         compute = torch.float64 if state_dtype == torch.float64 else torch.float32
         with torch.autocast(interface.device.type, enabled=False):
-            new_state = self._step(interface.to(compute), _cast_state(state, compute))
+            interface, state = interface.to(compute), _cast_state(state, compute)
+            if self._runs_fused(interface):
+                fields = F.memory_step(
+                    interface,
+                    state[:6],
+                    self.operator_offsets,
+                    self.compat == "deepmind",
+                    self.usage_write_grad,
+                    self.interface_clip,
+                    self.eps,
+                )
+                new_state = DNCMemoryState(*fields)
+            else:
+                new_state = self._step(interface, state)
         return _cast_state(new_state, state_dtype)
+
+    def unfused_reason(self) -> str | None:
+        """Why this memory's options keep it on the reference step, or None when the fused
+        step runs them."""
+        options = [
+            name
+            for name, on in (
+                ("link='sparse'", self.link == "sparse"),
+                ("dealloc_content=True", self.dealloc_content),
+                ("key_mask=True", self.key_mask),
+                ("link_sharpness=True", self.link_sharpness),
+            )
+            if on
+        ]
+        if not options:
+            return None
+        return f"the fused DNC memory step does not implement {', '.join(options)}"
+
+    def _runs_fused(self, interface: Tensor) -> bool:
+        """Whether this step runs the fused operator (see ``implementation``).
+
+        Raises:
+            ValueError: ``implementation='fused'`` and the step cannot run it, saying why.
+        """
+        if self.implementation == "reference":
+            return False
+        # off the CPU or traced, the reference step is the path there, not a fallback to note
+        elsewhere = F.elsewhere_reason(interface)
+        reason = self.unfused_reason() or elsewhere or F.build_reason()
+        if reason is None:
+            return True
+        if self.implementation == "fused":
+            raise ValueError(
+                f"{type(self).__name__}: implementation='fused', but {reason}; use "
+                "implementation='auto' or 'reference'"
+            )
+        if reason is not elsewhere:
+            F.say_once(reason)
+        return False
 
     def _step(self, interface: Tensor, state: DNCMemoryState) -> DNCMemoryState:
         xi = self.split_interface(interface)

@@ -23,28 +23,23 @@ gradcheck each hand-written backward alone.
 The reference remains the oracle: ``tests/cores/test_rmc_fast.py`` compares both entry points
 with it over every option, forward and backward, states included.
 
-The operators are compiled on first use with ``torch.utils.cpp_extension`` (a C++ compiler and
-``ninja`` are needed; the build is cached under torch's extensions root, ``TORCH_EXTENSIONS_DIR``
-or ``~/.cache/torch_extensions``, one folder per Python and torch version and installation; see
-:func:`build_directory`). CPU only.
+The operators are compiled on first use (:mod:`relmem.cores.extension`: a C++ compiler and
+``ninja`` are needed; the build is cached per Python and torch version and installation). CPU
+only.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
-import shutil
-import sys
-import warnings
 from pathlib import Path
 
 import torch
-from filelock import FileLock
 from torch import Tensor
 
+from relmem.cores import extension
 from relmem.cores.rmc.fast import SequenceFn, _Hoisted, _StepSpec, _StepWeights
 
+_NAME = "relmem_fused_step"
 _SOURCE = Path(__file__).with_name("csrc") / "fused_step.cpp"
 
 
@@ -65,90 +60,14 @@ def load_fused_ops() -> None:
 
 
 def build_directory() -> Path:
-    """Where the operators are built and cached: under torch's extensions root
-    (``TORCH_EXTENSIONS_DIR``, else ``~/.cache/torch_extensions``), a folder per Python version,
-    torch version (torch's own cache keys on the sources and flags, not on its version) and
-    installation (the source file's absolute path)."""
-    from torch.utils import cpp_extension
-
-    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
-    version = f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}"
-    # and per installation: the build records its source's absolute path, so that two
-    # installations sharing a folder would rebuild over each other
-    where = hashlib.sha1(str(_SOURCE.resolve()).encode()).hexdigest()[:8]
-    return Path(root) / f"relmem_fused_step-{version}-{where}"
-
-
-def _put_ninja_on_path() -> None:
-    """Let torch find the ``ninja`` package's binary, which sits beside the Python that runs
-    relmem (``.venv/bin``): torch looks for ``ninja`` on ``PATH`` alone, and a virtual
-    environment used without being activated (``.venv/bin/relmem``) is not on it."""
-    if shutil.which("ninja") is not None:
-        return
-    try:
-        import ninja
-    except ImportError:  # the build then says ninja is missing
-        return
-    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-
-
-# The build's own lock, held while torch checks and (re)builds the operators: an flock, which
-# the kernel drops when its process ends however it ends.
-_BUILD_LOCK = "relmem-build.lock"
-# torch's lock in the build folder: a file that only the process that made it removes. A build
-# killed while compiling (Ctrl-C, SIGKILL: the first training run on a machine compiles for
-# about 25 s before it has a run directory) leaves it, and every later load waits for it
-# forever, silently.
-_TORCH_LOCK = "lock"
+    """Where the operators are built and cached (:func:`relmem.cores.extension.build_directory`)."""
+    return extension.build_directory(_NAME, _SOURCE)
 
 
 @functools.cache
 def _build_failure() -> str | None:
-    """Build and load the operators once per process: None, or why the build failed.
-
-    Builds are serialised across processes (data-parallel ranks, parallel runs) by an flock on
-    :data:`_BUILD_LOCK`; whoever holds it removes a stale :data:`_TORCH_LOCK` first, with a
-    warning, since no other relmem build can be running then.
-    """
-    from torch.utils import cpp_extension
-
-    directory = build_directory()
-    _put_ninja_on_path()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with FileLock(directory / _BUILD_LOCK):
-            stale = directory / _TORCH_LOCK
-            if stale.exists():
-                warnings.warn(
-                    f"removing {stale}, left by a build of the fused operators that was "
-                    "interrupted (torch would wait for it forever)",
-                    stacklevel=4,
-                )
-                stale.unlink(missing_ok=True)
-            cpp_extension.load(
-                name="relmem_fused_step",
-                sources=[str(_SOURCE)],
-                # -fopenmp: at::parallel_for is a header template whose threads are OpenMP's;
-                # without it the operators' loops run on one thread whatever
-                # torch.set_num_threads says (the process's libgomp is torch's own, so there is
-                # one thread pool). -fno-math-errno, -fno-trapping-math: loops that call exp or
-                # floor vectorise; neither changes a result (infinities and NaN keep IEEE
-                # semantics).
-                extra_cflags=[
-                    "-O3",
-                    "-march=native",
-                    "-fopenmp",
-                    "-fno-math-errno",
-                    "-fno-trapping-math",
-                ],
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(directory),
-                is_python_module=False,
-                verbose=False,
-            )
-    except (RuntimeError, OSError, ImportError) as error:
-        return str(error)
-    return None
+    """Build and load the operators once per process: None, or why the build failed."""
+    return extension.build(_NAME, _SOURCE, build_directory())
 
 
 def prepare_fused(rows: Tensor) -> SequenceFn:

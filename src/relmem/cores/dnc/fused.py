@@ -1,0 +1,150 @@
+"""The DNC's fused CPU memory step: :meth:`DNCMemory._step` as one C++ operator.
+
+The reference step (:mod:`relmem.cores.dnc.memory`, :mod:`relmem.cores.dnc.addressing`) is
+about a hundred small eager ops per token, each with its autograd node; at the sizes the DNC
+runs at (N of 16 to 128 slots, words of 16 to 64), their per-call cost is the whole step
+(``docs/performance.md`` §5). ``relmem_dnc::memory_step`` (``csrc/memory_step.cpp``) runs the
+same arithmetic, from the raw interface vector to the read vectors, as a few loops per example
+with a hand-written backward: one autograd node per step. The controller, the interface and
+output linears stay ATen's.
+
+What it runs: the link 'dense' or 'none', compat 'paper' or 'deepmind', any number of read and
+write heads, ``usage_write_grad``, ``interface_clip``, ``eps``; float32 and float64 on the CPU.
+The sparse link, ``dealloc_content``, ``key_mask`` and ``link_sharpness`` run the reference step
+(``DNCMemory.unfused_reason`` says why, once). The reference stays the oracle:
+``tests/dnc/test_dnc_fused.py`` compares the two forward and backward, states included, over
+every option, and gradchecks the operator alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from relmem.cores import extension
+
+_NAME = "relmem_dnc_step"
+_SOURCE = Path(__file__).with_name("csrc") / "memory_step.cpp"
+
+# The interface fields in the operator's order (its enum Field).
+OPERATOR_FIELDS = (
+    "read_keys",
+    "read_strengths",
+    "write_keys",
+    "write_strengths",
+    "erase_vectors",
+    "write_vectors",
+    "free_gates",
+    "allocation_gates",
+    "write_gates",
+    "read_modes",
+)
+
+
+def build_directory() -> Path:
+    """Where the operator is built and cached (:func:`relmem.cores.extension.build_directory`)."""
+    return extension.build_directory(_NAME, _SOURCE)
+
+
+@functools.cache
+def _build_failure() -> str | None:
+    """Build and load the operator once per process: None, or why the build failed."""
+    return extension.build(_NAME, _SOURCE, build_directory())
+
+
+def load_dnc_ops() -> None:
+    """Compile (once per installation and source) and load the fused memory step.
+
+    Raises:
+        RuntimeError: the build failed, with the compiler's reason and the way out.
+    """
+    failure = _build_failure()
+    if failure is not None:
+        raise RuntimeError(
+            "the DNC's fused memory step compiles a C++ extension on first use and could not "
+            f"build it ({failure}). It needs a C++ compiler (g++) and the ninja package (pip "
+            "install ninja); implementation='reference' runs the same arithmetic without it."
+        )
+
+
+def elsewhere_reason(interface: Tensor) -> str | None:
+    """Why this call cannot run the operator: off the CPU or traced by ``torch.compile``."""
+    if interface.device.type != "cpu":
+        return f"the fused DNC memory step runs on the CPU only, got input on {interface.device}"
+    if torch.compiler.is_compiling():
+        return "the fused DNC memory step cannot be traced by torch.compile (no fake kernel)"
+    return None
+
+
+def build_reason() -> str | None:
+    """Why the operator could not be built (the first call builds it), or None."""
+    failure = _build_failure()
+    return None if failure is None else f"the fused DNC memory step could not be built ({failure})"
+
+
+_SAID: set[str] = set()
+
+
+def say_once(reason: str) -> None:
+    """Warn that the reference step runs, once per process and reason."""
+    if reason in _SAID:
+        return
+    _SAID.add(reason)
+    warnings.warn(f"{reason}; the reference step runs instead", stacklevel=4)
+
+
+@torch.compiler.disable
+def memory_step(
+    interface: Tensor,
+    state: Sequence[Tensor | None],
+    offsets: list[int],
+    deepmind: bool,
+    usage_write_grad: bool,
+    clip: float,
+    eps: float,
+) -> list[Tensor | None]:
+    """One memory step as ``relmem_dnc::memory_step``.
+
+    Args:
+        interface: ``[B, I]`` raw ξ, float32 or float64 on the CPU.
+        state: ``(memory [B, N, W], usage [B, N], link [B, Wh, N, N] or None, precedence
+            [B, Wh, N] or None, read_weights [B, R, N], write_weights [B, Wh, N])`` in the
+            interface's dtype.
+        offsets: where each of :data:`OPERATOR_FIELDS` starts in ξ (-1: absent).
+        deepmind, usage_write_grad, clip, eps: the memory's options.
+
+    Returns:
+        The new ``(memory, usage, link, precedence, read_weights, write_weights,
+        read_vectors [B, R, W])``; link and precedence None without a link.
+    """
+    memory, usage, link, precedence, read_weights, write_weights = state
+    empty = interface.new_empty(0)
+    out = torch.ops.relmem_dnc.memory_step(
+        interface,
+        memory,
+        usage,
+        empty if link is None else link,
+        empty if precedence is None else precedence,
+        read_weights,
+        write_weights,
+        offsets,
+        deepmind,
+        usage_write_grad,
+        clip,
+        eps,
+    )
+    has_link = link is not None
+    return [
+        out[0],
+        out[1],
+        out[2] if has_link else None,
+        out[3] if has_link else None,
+        out[4],
+        out[5],
+        out[6],
+    ]
