@@ -89,8 +89,12 @@ def main(argv: list[str]) -> int:
                     raise ValueError(f"--data: {task_name} runs read no data file")
                 config.task.dev_file = args.data.expanduser().absolute()
             task = get_task(task_name).build(config.task)
+        if device.type == "cpu" and isinstance(config.cpu_threads, int):
+            # the run's own thread count: more threads than it trained with spin against
+            # other work on a busy machine (a squad run's token steps are too small to share)
+            torch.set_num_threads(config.cpu_threads)
         held_out = task.held_out(device)
-        result = evaluate(model, task, held_out)
+        result = evaluate(model, task, held_out, progress=True)
         answers = task.predictions(model, held_out)
         official = None if answers is None else task.report(answers, held_out)
         more = {name: evaluate(model, task, b) for name, b in task.more_held_out(device).items()}

@@ -302,17 +302,18 @@ def _attention(
     if not 0 <= args.block < core.config.num_blocks:
         return _error(f"--block must be in 0..{core.config.num_blocks - 1}, got {args.block}")
     held_out = task.held_out(torch.device("cpu"))
-    logits, _ = model(held_out.inputs[: args.examples])
-    for i in range(min(args.examples, held_out.size)):
-        maps = attention_maps(core, held_out.inputs[i], args.block)
-        target, guess = int(held_out.targets[i]), int(logits[i].argmax())
+    shown = held_out.select(torch.arange(min(args.examples, held_out.size)))
+    logits, _ = model(shown.inputs)
+    for i in range(shown.size):
+        maps = attention_maps(core, shown.inputs[i], args.block)
+        target, guess = int(shown.targets[i]), int(logits[i].argmax())
         group = "" if held_out.groups is None else f", {task.group_name.split(' (')[0]} "
         group += "" if held_out.groups is None else str(int(held_out.groups[i]))
         title = (
             f"held-out example {i}{group}\nlabel {target}, predicted {guess}\n"
             f"block {args.block}, {ckpt.name}"
         )
-        rows = task.step_labels(held_out.inputs[i])
+        rows = task.step_labels(shown.inputs[i])
         path = out / f"attention_example_{i}.png"
         plot_attention(maps, path, title, rows)
         print(f"written {path}")

@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
-from relmem.tasks.base import Batch, Measure, Task
+from relmem.tasks.base import Batch, LazyRows, Measure, Task, row_chunks
 from relmem.train.distributed import DistInfo, all_reduce_sum
 
 
@@ -108,23 +109,30 @@ def forward_batch(
 def evaluate(
     model: nn.Module,
     task: Task,
-    batch: Batch,
+    batch: Batch | LazyRows,
     *,
     info: DistInfo | None = None,
     chunk: int = 4000,
     bf16: bool = False,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Loss and primary metric of ``model`` on ``batch``, sharded over ranks and summed.
+
+    Rows are read in chunks of at most ``chunk`` sequences and, where they have lengths, at
+    most :func:`~relmem.tasks.base.row_chunks`' token budget, each padded only to its own
+    longest row, under ``no_grad`` (no autograd state is kept).
 
     Args:
         model: a sequence model, ``model(inputs, state, lengths=...) -> (logits, state)``;
             ``inputs [B, T, F]``, ``logits [B, C]`` or ``[B, T, O]``.
         task: supplies the measures (and, if stateful, the window length).
-        batch: the *global* batch; each rank evaluates its strided share of the rows.
+        batch: the *global* batch (or :class:`~relmem.tasks.base.LazyRows`); each rank
+            evaluates its strided share of the rows.
         info: the process group.
         chunk: sequences per forward pass (a stateful task walks each chunk's rows in
             windows, its state carried across the whole split).
         bf16: bfloat16 autocast (CUDA).
+        progress: show a progress bar on stderr once the evaluation has taken 2 s.
 
     Returns:
         ``{'loss', task.metric.name, extra metrics, 'count', 'groups': {group id: metric}}``:
@@ -134,12 +142,16 @@ def evaluate(
     info = info or DistInfo()
     was_training = model.training
     model.eval()
-    device = batch.inputs.device
+    device = batch.device
     totals = Totals(task, device)
     rows = torch.arange(info.rank, batch.size, info.world_size, device=device)
     # a set of fewer rows than ranks leaves some ranks none: they add zeros to the sums
-    for part in rows.split(chunk) if rows.numel() else ():
+    parts = row_chunks(rows, batch.lengths, chunk) if rows.numel() else []
+    bar = tqdm(total=rows.numel(), unit="seq", delay=2, disable=not progress, leave=False)
+    for part in parts:
         forward_batch(model, task, batch.select(part), totals, bf16=bf16)
+        bar.update(part.numel())
+    bar.close()
     totals.all_reduce(info)
     model.train(was_training)
     return {**totals.means(), "count": batch.size, "groups": totals.group_means()}

@@ -29,7 +29,7 @@ import tyro
 from torch import Tensor
 
 from relmem.models.reader import ReaderOptions
-from relmem.tasks.base import Batch, Measure, MetricSpec, Task, TaskSpec
+from relmem.tasks.base import Batch, LazyRows, Measure, MetricSpec, Task, TaskSpec, row_chunks
 from relmem.tasks.reading import sources
 from relmem.tasks.reading.data import (
     EncodedSplit,
@@ -274,12 +274,18 @@ class Reading(Task):
     def _batch(self, split: int, index: Tensor, max_context: int | None) -> Batch:
         encoded = self._encoded(split)
         inputs, lengths, gold = encoded.rows(index, self.config.question_tokens, max_context)
+        targets, groups = self._targets_and_groups(split, index, gold)
+        return Batch(inputs, targets, groups, None, lengths)
+
+    def _targets_and_groups(self, split: int, index: Tensor, gold: Tensor) -> tuple[Tensor, Tensor]:
+        """``targets [B, 4]`` (gold start and end, question index, split) and the context-length
+        group of each question ``index [B]``."""
         targets = torch.cat(
             [gold, index.unsqueeze(1), torch.full_like(index, split).unsqueeze(1)], dim=1
         )
-        context = encoded.context_tokens[index]
+        context = self._encoded(split).context_tokens[index]
         groups = torch.bucketize(context, torch.tensor(self.config.length_buckets), right=True)
-        return Batch(inputs, targets, groups, None, lengths)
+        return targets, groups
 
     def sample(self, batch_size: int, generator: torch.Generator, step: int = 0) -> Batch:
         """``batch_size`` training questions of similar context lengths: the training
@@ -298,11 +304,18 @@ class Reading(Task):
         index = ordered[first + draw.cpu()]
         return self._batch(TRAIN, index, self.config.max_context_tokens).to(device)
 
-    def held_out(self, device: torch.device) -> Batch:
-        """Every held-out question (or the first ``test_size``), shortest context first."""
+    def held_out(self, device: torch.device) -> LazyRows:
+        """Every held-out question (or the first ``test_size``), shortest context first, whole
+        contexts; padded a chunk at a time (one long context would otherwise pad every row)."""
         index = self.held_index
-        order = torch.argsort(self.held.context_tokens[index], stable=True)
-        return self._batch(HELD_OUT, index[order], None).to(device)
+        index = index[torch.argsort(self.held.context_tokens[index], stable=True)]
+        targets, groups = self._targets_and_groups(HELD_OUT, index, self.held.gold[index])
+        lengths = self.held.context_tokens[index] + self.config.question_tokens
+
+        def build(rows: Tensor) -> Batch:
+            return self._batch(HELD_OUT, index[rows.cpu()], None).to(device)
+
+        return LazyRows(targets.to(device), groups.to(device), lengths.to(device), build)
 
     # -- scores ----------------------------------------------------------------------------
 
@@ -340,7 +353,7 @@ class Reading(Task):
     def _encoded(self, split: int) -> EncodedSplit:
         return self.train if split == TRAIN else self.held
 
-    def _question(self, batch: Batch, row: int) -> Any:
+    def _question(self, batch: Batch | LazyRows, row: int) -> Any:
         split, index = int(batch.targets[row, 3]), int(batch.targets[row, 2])
         return self._encoded(split).squad.questions[index]
 
@@ -357,19 +370,29 @@ class Reading(Task):
             texts.append(text)
         return texts
 
-    def predictions(self, model: torch.nn.Module, batch: Batch) -> dict[str, str]:
+    def predictions(
+        self, model: torch.nn.Module, batch: Batch | LazyRows, chunk: int = 4000
+    ) -> dict[str, str]:
         """``{question id: predicted answer}`` of ``model`` on ``batch`` (the official
-        predictions file's content)."""
+        predictions file's content), read in chunks of similar lengths
+        (:func:`~relmem.tasks.base.row_chunks`) under ``no_grad``."""
         was_training = model.training
         model.eval()
+        answers: dict[str, str] = {}
+        rows = torch.arange(batch.size, device=batch.device)
         with torch.no_grad():
-            logits, _ = model(batch.inputs, None, lengths=batch.lengths)
+            for part in row_chunks(rows, batch.lengths, chunk):
+                rows_batch = batch.select(part)
+                logits, _ = model(rows_batch.inputs, None, lengths=rows_batch.lengths)
+                texts = self.predicted_texts(logits, rows_batch)
+                for row, text in enumerate(texts):
+                    answers[self._question(rows_batch, row).qid] = text
         model.train(was_training)
-        texts = self.predicted_texts(logits, batch)
-        ids = [self._question(batch, row).qid for row in range(batch.size)]
-        return dict(zip(ids, texts, strict=True))
+        return answers
 
-    def report(self, predictions: dict[str, str], batch: Batch) -> dict[str, dict[str, float]]:
+    def report(
+        self, predictions: dict[str, str], batch: Batch | LazyRows
+    ) -> dict[str, dict[str, float]]:
         """The official figures of ``predictions`` on ``batch``'s questions, overall and by
         context length: ``{'all': {...}, group label: {...}}`` (each
         :func:`~relmem.tasks.reading.metric.score_predictions`' output)."""
