@@ -19,6 +19,8 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 import relmem.cores.dnc.fused as fused_module
 from relmem import DNC, DNCCell, MemoryControllerLayer
+from relmem.cores.dnc.controller import Controller
+from relmem.cores.dnc.dnc import fused_recurrence
 from relmem.cores.dnc.memory import DNCMemory, DNCMemoryState
 
 f64 = torch.float64
@@ -361,3 +363,124 @@ def test_inference_keeps_nothing_for_a_backward() -> None:
     with torch.no_grad():
         read, state = memory(torch.randn(2, 4))
     assert read.grad_fn is None and state.memory.grad_fn is None
+
+
+def _sequence_args(lstm: bool, layers: int, link: str, seed: int = 0):
+    """A small controller and memory, their weights and a random valid state, in float64."""
+    torch.manual_seed(seed)
+    layer = MemoryControllerLayer(
+        4, 5, 3, 2, controller="lstm" if lstm else "gru", link=link, dtype=f64
+    )
+    memory, controller = layer.memory, layer.controller
+    if layers > 1:  # a deeper controller over the same input
+        controller = Controller(
+            4 + memory.read_size, 4, layers, "lstm" if lstm else "gru", dtype=f64
+        )
+        memory = DNCMemory(layers * 4, 5, 3, 2, link=link, dtype=f64)
+    state = _random_state(memory, 2, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    controller_state = [
+        0.5 * torch.randn(2, 4, generator=g, dtype=f64) for _ in range(layers * (2 if lstm else 1))
+    ]
+    return memory, controller, state, controller_state
+
+
+@pytest.mark.parametrize(
+    ("lstm", "layers", "link", "clip", "forget_bias"),
+    [(True, 2, "dense", 0.6, 1.0), (False, 1, "none", 0.0, 0.0), (False, 2, "dense", 0.0, 0.0)],
+)
+def test_the_sequence_operator_passes_gradcheck(lstm, layers, link, clip, forget_bias) -> None:
+    memory, controller, state, controller_state = _sequence_args(lstm, layers, link)
+    weights = [w.detach().clone() for cell in controller.cells for w in cell.parameters()]
+    weights += [memory.interface.weight.detach().clone(), memory.interface.bias.detach().clone()]
+    x = torch.randn(3, 2, 4, dtype=f64)
+    lengths = torch.tensor([3, 1])
+    fields = [state.memory, state.usage, state.link, state.precedence, state.read_weights,
+              state.write_weights, state.read_vectors]  # fmt: skip
+    present = [t for t in fields if t is not None]
+    count = len(controller_state)
+
+    def run(x, *tensors):
+        ctrl = list(tensors[:count])
+        rest = list(tensors[count:])
+        mem = [rest.pop(0) if t is not None else None for t in fields]
+        hiddens, reads, final_ctrl, final_mem = fused_module.sequence(
+            x, lengths, ctrl, mem, rest, memory.operator_offsets, lstm=lstm, layers=layers,
+            # usage_write_grad: with the gradient through the usage stopped (the default, as
+            # deepmind's) the analytical gradient is not the derivative gradcheck measures
+            forget_bias=forget_bias, clip=clip, deepmind=False, usage_write_grad=True,
+            interface_clip=0.0, eps=memory.eps,
+        )  # fmt: skip
+        return (hiddens, reads, *final_ctrl, *[t for t in final_mem if t is not None])
+
+    inputs = [x, *controller_state, *present, *weights]
+    for t in inputs:
+        t.requires_grad_(True)
+    assert gradcheck(run, tuple(inputs), eps=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("controller", ["gru", "lstm"])
+def test_finished_examples_carry_their_state_and_output_zeros(controller) -> None:
+    """The operator against the layer's step-by-step loop, a loss on every hidden and read: a
+    finished example's (the reference computes them and the modules mask them; the operator
+    gives zeros, constant) and on the final state."""
+    torch.manual_seed(0)
+    layer = MemoryControllerLayer(4, 5, 3, 2, controller=controller, dtype=f64)
+    x = torch.randn(5, 3, 4, dtype=f64, requires_grad=True)
+    lengths = torch.tensor([5, 2, 0])
+    state = layer.initial_state(3)
+    g = torch.Generator().manual_seed(1)
+    w_h, w_r = (
+        torch.randn(5, 3, 4, generator=g, dtype=f64),
+        torch.randn(5, 3, 6, generator=g, dtype=f64),
+    )
+    running = (torch.arange(5).unsqueeze(1) < lengths).unsqueeze(-1)  # [T, B, 1]
+    results = []
+    for run in ("reference", "fused"):
+        if run == "reference":
+            hiddens, reads, _, final = layer._reference_loop(x, state, lengths)
+            hiddens, reads = hiddens * running, reads * running
+        else:
+            hiddens, reads, final = fused_recurrence(
+                layer.memory, layer.controller, x, state, lengths
+            )
+        loss = (hiddens * w_h).sum() + (reads * w_r).sum() + final.memory.sum()
+        loss = loss + final.controller[0][0].sum() if controller == "lstm" else loss
+        grads = torch.autograd.grad(loss, [x, *layer.parameters()], allow_unused=True,
+                                    materialize_grads=True)  # fmt: skip
+        results.append((hiddens, reads, final.memory, final.usage, grads))
+    for want, got in zip(*results, strict=True):
+        for a, b in zip(want if isinstance(want, tuple) else [want],
+                        got if isinstance(got, tuple) else [got], strict=True):  # fmt: skip
+            torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-11)
+
+
+def test_inference_runs_the_sequence_in_two_state_slots_with_the_same_numbers() -> None:
+    torch.manual_seed(0)
+    model = DNC(3, 8, 6, 4, 2, dtype=f64)
+    x = torch.randn(7, 2, 3, dtype=f64)
+    with torch.no_grad():
+        quiet, quiet_state = model(x)
+    loud, loud_state = model(x)
+    assert quiet.grad_fn is None and loud.grad_fn is not None
+    torch.testing.assert_close(quiet, loud.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(quiet_state.link, loud_state.link.detach(), rtol=0, atol=0)
+
+
+def test_the_sequence_names_a_bad_argument() -> None:
+    memory, controller, state, controller_state = _sequence_args(True, 1, "dense")
+    weights = [w for cell in controller.cells for w in cell.parameters()]
+    weights += [memory.interface.weight, memory.interface.bias]
+    fields = list(state)[:7]
+    args = dict(lstm=True, layers=1, forget_bias=0.0, clip=0.0, deepmind=False,
+                usage_write_grad=False, interface_clip=0.0, eps=1e-6)  # fmt: skip
+    x = torch.randn(3, 2, 4, dtype=f64)
+    with pytest.raises(RuntimeError, match=r"every controller state must be \[B, H\]"):
+        fused_module.sequence(x, None, [controller_state[0][:1], controller_state[1]], fields,
+                              weights, memory.operator_offsets, **args)  # fmt: skip
+    with pytest.raises(RuntimeError, match="expected 6 weights for 1 layers, got 5"):
+        fused_module.sequence(x, None, controller_state, fields, weights[:5],
+                              memory.operator_offsets, **args)  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"x must be \[T, B, X\]"):
+        fused_module.sequence(x[0], None, controller_state, fields, weights,
+                              memory.operator_offsets, **args)  # fmt: skip

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from relmem.cores.base import finish_sequence, prepare_sequence, run_cell_loop
+from relmem.cores.dnc import fused as F
 from relmem.cores.dnc.addressing import EPSILON
 from relmem.cores.dnc.controller import Controller, ControllerState
 from relmem.cores.dnc.memory import (
@@ -85,6 +86,80 @@ class DNCState(NamedTuple):
         fields = memory._asdict()
         link_index = fields.pop("link_index")
         return cls(**fields, controller=controller, link_index=link_index)
+
+
+def fused_recurrence_ok(memory: DNCMemory, x: Tensor, state: DNCState) -> bool:
+    """Whether :func:`fused_recurrence` runs ``x`` and ``state``: the memory's step is fused
+    (``implementation`` and its options allow it, on the CPU, built), outside autocast, with
+    the input, the state and the parameters in one float32 or float64 dtype."""
+    dtype = x.dtype
+    if dtype not in (torch.float32, torch.float64) or torch.is_autocast_enabled("cpu"):
+        return False
+    if state.memory.dtype != dtype or memory.factory_defaults()[1] != dtype:
+        return False
+    return memory._runs_fused(x)
+
+
+def fused_recurrence(
+    memory: DNCMemory,
+    controller: Controller,
+    x: Tensor,
+    state: DNCState,
+    lengths: Tensor | None,
+) -> tuple[Tensor, Tensor, DNCState]:
+    """``docs/dnc.md`` §2.1–§2.8 over ``x`` as one C++ operator (:func:`relmem.cores.dnc.fused.
+    sequence`): per step ``χ_t = [x_t ; r_{t−1}]``, the controller, the interface and the
+    memory, one autograd node for the whole loop.
+
+    Args:
+        memory: its interface linear and options. controller: its cells and clip.
+        x: ``[T, B, X]``. state: the validated state. lengths: ``[B]`` or None.
+
+    Returns:
+        ``(hiddens [T, B, L·Hc], reads [T, B, R·W], final state)``; as the reference loop,
+        a finished example's state is carried, its hiddens and reads are computed all the same.
+    """
+    assert memory.interface is not None
+    lstm = controller.kind == "lstm"
+    flat: list[Tensor] = []
+    for entry in state.controller:
+        flat += list(entry) if lstm else [entry]
+    weights: list[Tensor] = []
+    for cell in controller.cells:
+        weights += [cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh]
+    weights += [memory.interface.weight, memory.interface.bias]
+    fields = (
+        state.memory,
+        state.usage,
+        state.link,
+        state.precedence,
+        state.read_weights,
+        state.write_weights,
+        state.read_vectors,
+    )
+    hiddens, reads, final_controller, final_memory = F.sequence(
+        x,
+        lengths,
+        flat,
+        fields,
+        weights,
+        memory.operator_offsets,
+        lstm=lstm,
+        layers=controller.num_layers,
+        forget_bias=controller.forget_bias,
+        clip=controller.clip_value,
+        deepmind=memory.compat == "deepmind",
+        usage_write_grad=memory.usage_write_grad,
+        interface_clip=memory.interface_clip,
+        eps=memory.eps,
+    )
+    if lstm:
+        pairs = zip(final_controller[::2], final_controller[1::2], strict=True)
+        controller_state: ControllerState = tuple((h, c) for h, c in pairs)
+    else:
+        controller_state = tuple(final_controller)
+    new_memory = DNCMemoryState(*final_memory)  # type: ignore[arg-type]
+    return hiddens, reads, DNCState.combine(new_memory, controller_state)
 
 
 def check_step_input(
@@ -295,7 +370,35 @@ class DNCCell(nn.Module):
         check_step_input(type(self).__name__, input, self.input_size, device, dtype)
 
     def step(self, input: Tensor, state: DNCState) -> tuple[Tensor, DNCState]:
-        """One step on a validated input ``[B, X]`` and state: ``docs/dnc.md`` §2.1–§2.9."""
+        """One step on a validated input ``[B, X]`` and state: ``docs/dnc.md`` §2.1–§2.9 (the
+        fused sequence of one where it runs, see :meth:`run`)."""
+        if fused_recurrence_ok(self.memory, input, state):
+            outputs, state = self.run(input.unsqueeze(0), state, None)
+            return outputs[0], state
+        return self.reference_step(input, state)
+
+    def run(
+        self, inputs: Tensor, state: DNCState, lengths: Tensor | None
+    ) -> tuple[Tensor, DNCState]:
+        """The fused recurrence over ``inputs [T, B, X]`` (:func:`fused_recurrence`), then the
+        output ``W_y [h_t ; r_t] + b_y`` of every step in one product.
+
+        Returns:
+            ``(outputs [T, B, Y], final state)``; steps past ``lengths`` output zero.
+        """
+        hiddens, reads, state = fused_recurrence(
+            self.memory, self.controller, inputs, state, lengths
+        )
+        output = self.output(torch.cat([hiddens, reads], dim=-1))  # [T, B, Y]
+        if self.clip_value > 0:
+            output = output.clamp(-self.clip_value, self.clip_value)
+        if lengths is not None:
+            steps = torch.arange(inputs.shape[0], device=inputs.device).unsqueeze(1)
+            output = torch.where((steps < lengths).unsqueeze(-1), output, output.new_zeros(()))
+        return output, state
+
+    def reference_step(self, input: Tensor, state: DNCState) -> tuple[Tensor, DNCState]:
+        """One step in eager ops (its memory step fused or not, as ``implementation`` says)."""
         reads = state.read_vectors.flatten(1)  # [B, R·W], r_{t−1}
         chi = torch.cat([input, reads.to(input.dtype)], dim=-1)  # [B, X + R·W]
         hidden, controller = self.controller(chi, state.controller)  # [B, L·Hc]
@@ -436,5 +539,10 @@ class DNC(nn.Module):
         )
         batch = seq.inputs.shape[1]
         state = cell.initial_state(batch) if state is None else cell.check_state(state, batch)
-        outputs, final_state = run_cell_loop(cell.step, seq.inputs, state, seq.lengths)
+        if fused_recurrence_ok(cell.memory, seq.inputs, state):
+            outputs, final_state = cell.run(seq.inputs, state, seq.lengths)
+        else:
+            outputs, final_state = run_cell_loop(
+                cell.reference_step, seq.inputs, state, seq.lengths
+            )
         return finish_sequence(outputs, seq, self.batch_first), final_state

@@ -148,3 +148,64 @@ def memory_step(
         out[5],
         out[6],
     ]
+
+
+@torch.compiler.disable
+def sequence(
+    x: Tensor,
+    lengths: Tensor | None,
+    controller_state: list[Tensor],
+    memory_state: Sequence[Tensor | None],
+    weights: list[Tensor],
+    offsets: list[int],
+    *,
+    lstm: bool,
+    layers: int,
+    forget_bias: float,
+    clip: float,
+    deepmind: bool,
+    usage_write_grad: bool,
+    interface_clip: float,
+    eps: float,
+) -> tuple[Tensor, Tensor, list[Tensor], list[Tensor | None]]:
+    """The controller, the interface and the memory over ``x`` as ``relmem_dnc::sequence``.
+
+    Args:
+        x: ``[T, B, X]``, float32 or float64 on the CPU.
+        lengths: ``[B]`` int64 (a finished example keeps its state), or None.
+        controller_state: per layer ``h [B, H]`` (and ``c`` for an LSTM).
+        memory_state: ``(memory, usage, link or None, precedence or None, read_weights,
+            write_weights, read_vectors)``.
+        weights: per layer ``weight_ih, weight_hh, bias_ih, bias_hh``; then the interface's
+            ``weight [I, L·H]`` and ``bias [I]``.
+        offsets: where each of :data:`OPERATOR_FIELDS` starts in ξ.
+        lstm, layers, forget_bias, clip: the controller. deepmind, usage_write_grad,
+            interface_clip, eps: the memory's options.
+
+    Returns:
+        ``(hiddens [T, B, L·H], reads [T, B, R·W], final controller state as given, final
+        memory state as given)``.
+    """
+    empty = x.new_empty(0)
+    memory = [empty if t is None else t for t in memory_state]
+    out = torch.ops.relmem_dnc.sequence(
+        x,
+        lengths,
+        controller_state,
+        memory,
+        weights,
+        offsets,
+        lstm,
+        layers,
+        forget_bias,
+        clip,
+        deepmind,
+        usage_write_grad,
+        interface_clip,
+        eps,
+    )
+    count = len(controller_state)
+    final_memory: list[Tensor | None] = list(out[2 + count :])
+    if memory_state[2] is None:
+        final_memory[2] = final_memory[3] = None
+    return out[0], out[1], list(out[2 : 2 + count]), final_memory

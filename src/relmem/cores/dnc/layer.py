@@ -31,7 +31,12 @@ from torch.nn.utils.rnn import PackedSequence
 from relmem.cores.base import finish_sequence, prepare_sequence, where_active
 from relmem.cores.dnc.addressing import EPSILON
 from relmem.cores.dnc.controller import Controller, ControllerKind
-from relmem.cores.dnc.dnc import DNCState, check_step_input
+from relmem.cores.dnc.dnc import (
+    DNCState,
+    check_step_input,
+    fused_recurrence,
+    fused_recurrence_ok,
+)
 from relmem.cores.dnc.memory import DNCMemory, Implementation, LinkKind, check_memory_options
 from relmem.validation import allocation_errors, check_bool, check_factory, check_int
 
@@ -226,26 +231,16 @@ class MemoryControllerLayer(nn.Module):
                     f"got {tuple(x.shape)}"
                 )
 
-        hiddens, chis, reads = [], [], []
-        # every sequence is still running before its shortest length: no step needs masking
-        all_active = steps if seq.lengths is None else int(seq.lengths.min())
-        for t in range(steps):
-            chi = torch.cat([x[t], state.read_vectors.flatten(1).to(x.dtype)], dim=-1)  # z_t
-            hidden, controller = self.controller(chi, state.controller)  # [B, D]
-            assert self.memory.interface is not None
-            memory = self.memory.step(self.memory.interface(hidden), state.memory_state)
-            new_state = DNCState.combine(memory, controller)
-            if t >= all_active:
-                assert seq.lengths is not None  # all_active is steps without lengths
-                new_state = where_active(seq.lengths > t, new_state, state)
-            state = new_state
-            hiddens.append(hidden)
-            chis.append(chi)
-            reads.append(memory.read_vectors.flatten(1))
-        hidden_seq = torch.stack(hiddens)  # [T, B, D]
-        read_seq = torch.stack(reads)  # [T, B, s·q]
+        if fused_recurrence_ok(self.memory, x, state):
+            reads_before = state.read_vectors.flatten(1).unsqueeze(0)  # r_0
+            hidden_seq, read_seq, state = fused_recurrence(
+                self.memory, self.controller, x, state, seq.lengths
+            )
+            chi_seq = torch.cat([x, torch.cat([reads_before, read_seq[:-1]])], dim=-1)
+        else:
+            hidden_seq, read_seq, chi_seq, state = self._reference_loop(x, state, seq.lengths)
         if self.backward_rnn is not None:
-            reversed_z = reverse_within_lengths(torch.stack(chis), seq.lengths)
+            reversed_z = reverse_within_lengths(chi_seq, seq.lengths)
             backward, _ = self.backward_rnn(reversed_z)  # [T, B, D]
             hidden_seq = torch.cat(
                 [hidden_seq, reverse_within_lengths(backward, seq.lengths)], dim=-1
@@ -256,3 +251,28 @@ class MemoryControllerLayer(nn.Module):
             valid = torch.arange(steps, device=d.device).unsqueeze(1) < seq.lengths  # [T, B]
             output = torch.where(valid.unsqueeze(-1), output, output.new_zeros(()))
         return finish_sequence(output, seq, self.batch_first), state
+
+    def _reference_loop(
+        self, x: Tensor, state: DNCState, lengths: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor, DNCState]:
+        """The step-by-step loop (the oracle of :func:`fused_recurrence`): hiddens
+        ``[T, B, D]``, reads ``[T, B, s·q]``, controller inputs ``z [T, B, D + s·q]`` and the
+        final state."""
+        steps = x.shape[0]
+        hiddens, chis, reads = [], [], []
+        # every sequence is still running before its shortest length: no step needs masking
+        all_active = steps if lengths is None else int(lengths.min())
+        for t in range(steps):
+            chi = torch.cat([x[t], state.read_vectors.flatten(1).to(x.dtype)], dim=-1)  # z_t
+            hidden, controller = self.controller(chi, state.controller)  # [B, D]
+            assert self.memory.interface is not None
+            memory = self.memory.step(self.memory.interface(hidden), state.memory_state)
+            new_state = DNCState.combine(memory, controller)
+            if t >= all_active:
+                assert lengths is not None  # all_active is steps without lengths
+                new_state = where_active(lengths > t, new_state, state)
+            state = new_state
+            hiddens.append(hidden)
+            chis.append(chi)
+            reads.append(memory.read_vectors.flatten(1))
+        return torch.stack(hiddens), torch.stack(reads), torch.stack(chis), state

@@ -699,20 +699,24 @@ void place_outputs(const Dims& d, Scratch<T>& s, const tensor_list& out, int64_t
 
 int64_t slab_size(const Dims& d) { return place<float>(d, nullptr, nullptr); }
 
-// Outputs: memory, usage, link, precedence, read_weights, write_weights, read_vectors (link and
-// precedence empty without a link). With `slabs` ([B, slab_size] values and [B, Wh·N] int64,
-// defined) the intermediates are kept there for the backward; without, in a slab per thread.
-tensor_list run_forward(const Dims& d, const tensor_list& t, const Tensor& slabs,
-                        const Tensor& orders) {
+tensor_list allocate_outputs(const Dims& d, int64_t B, const at::TensorOptions& options) {
+  return {at::empty({B, d.N, d.W}, options),
+          at::empty({B, d.N}, options),
+          d.link ? at::empty({B, d.Wh, d.N, d.N}, options) : at::empty({0}, options),
+          d.link ? at::empty({B, d.Wh, d.N}, options) : at::empty({0}, options),
+          at::empty({B, d.R, d.N}, options),
+          at::empty({B, d.Wh, d.N}, options),
+          at::empty({B, d.R, d.W}, options)};
+}
+
+// The step of every example of the inputs `t` (interface, memory, usage, link, precedence,
+// read_weights, write_weights) into `out` (memory, usage, link, precedence, read_weights,
+// write_weights, read_vectors; link and precedence empty without a link). With `slabs`
+// ([B, slab_size] values and [B, Wh·N] int64, defined) the intermediates are kept there for the
+// backward; without, in a slab per thread.
+void forward_into(const Dims& d, const tensor_list& t, const tensor_list& out,
+                  const Tensor& slabs, const Tensor& orders) {
   const int64_t B = t[0].size(0);
-  const auto options = t[0].options();
-  tensor_list out{at::empty({B, d.N, d.W}, options),
-                  at::empty({B, d.N}, options),
-                  d.link ? at::empty({B, d.Wh, d.N, d.N}, options) : at::empty({0}, options),
-                  d.link ? at::empty({B, d.Wh, d.N}, options) : at::empty({0}, options),
-                  at::empty({B, d.R, d.N}, options),
-                  at::empty({B, d.Wh, d.N}, options),
-                  at::empty({B, d.R, d.W}, options)};
   const int64_t size = slab_size(d), WhN = d.Wh * d.N;
   AT_DISPATCH_FLOATING_TYPES(t[0].scalar_type(), "relmem_dnc_memory_step", [&] {
     using T = scalar_t;
@@ -728,20 +732,23 @@ tensor_list run_forward(const Dims& d, const tensor_list& t, const Tensor& slabs
       }
     });
   });
+}
+
+tensor_list run_forward(const Dims& d, const tensor_list& t, const Tensor& slabs,
+                        const Tensor& orders) {
+  tensor_list out = allocate_outputs(d, t[0].size(0), t[0].options());
+  forward_into(d, t, out, slabs, orders);
   return out;
 }
 
-// Gradients of the seven inputs from those of the seven outputs (undefined: zero), from the
-// inputs, the outputs and the slabs the forward kept.
-tensor_list run_backward(const Dims& d, const tensor_list& t, const tensor_list& out,
-                         const Tensor& slabs, const Tensor& orders, const tensor_list& grads) {
+// Gradients of the seven inputs, written into `gin` (each defined, the inputs' shapes; the
+// previous write weights' only without usage_write_grad... zeros), from those of the seven outputs
+// `gout` (undefined: zero), the inputs, the outputs and the slabs the forward kept. Rows whose
+// `active` flag is 0 are skipped (their gradients are zero).
+void backward_into(const Dims& d, const tensor_list& t, const tensor_list& out,
+                   const Tensor& slabs, const Tensor& orders, const tensor_list& gout,
+                   const tensor_list& gin, const uint8_t* active) {
   const int64_t B = t[0].size(0);
-  tensor_list gin;
-  for (const Tensor& x : t) gin.push_back(at::empty_like(x));
-  tensor_list gout;
-  for (const Tensor& g : grads) {
-    gout.push_back(g.defined() && g.numel() > 0 ? g.contiguous() : Tensor());
-  }
   const int64_t size = slab_size(d);
   AT_DISPATCH_FLOATING_TYPES(t[0].scalar_type(), "relmem_dnc_memory_step_backward", [&] {
     using T = scalar_t;
@@ -753,6 +760,20 @@ tensor_list run_backward(const Dims& d, const tensor_list& t, const tensor_list&
       Work<T> work(d);
       Scratch<T> s;
       for (int64_t b = begin; b < end; ++b) {
+        T* gi[7] = {gin[0].data_ptr<T>() + b * d.I,
+                    gin[1].data_ptr<T>() + b * NW,
+                    gin[2].data_ptr<T>() + b * d.N,
+                    d.link ? gin[3].data_ptr<T>() + b * WhNN : nullptr,
+                    d.link ? gin[4].data_ptr<T>() + b * WhN : nullptr,
+                    gin[5].data_ptr<T>() + b * RN,
+                    gin[6].data_ptr<T>() + b * WhN};
+        if (active && !active[b]) {
+          const int64_t sizes[7] = {d.I, NW, d.N, WhNN, WhN, RN, WhN};
+          for (int64_t k = 0; k < 7; ++k) {
+            if (gi[k]) std::fill(gi[k], gi[k] + sizes[k], T(0));
+          }
+          continue;
+        }
         place(d, &s, slabs.data_ptr<T>() + b * size);
         s.order = orders.data_ptr<int64_t>() + b * WhN;
         place_outputs(d, s, out, b);
@@ -763,17 +784,24 @@ tensor_list run_backward(const Dims& d, const tensor_list& t, const tensor_list&
                    ptr(gout[4], RN, b),
                    ptr(gout[5], WhN, b),
                    ptr(gout[6], d.R * d.W, b),
-                   gin[0].data_ptr<T>() + b * d.I,
-                   gin[1].data_ptr<T>() + b * NW,
-                   gin[2].data_ptr<T>() + b * d.N,
-                   d.link ? gin[3].data_ptr<T>() + b * WhNN : nullptr,
-                   d.link ? gin[4].data_ptr<T>() + b * WhN : nullptr,
-                   gin[5].data_ptr<T>() + b * RN,
-                   d.usage_write_grad ? gin[6].data_ptr<T>() + b * WhN : nullptr};
+                   gi[0], gi[1], gi[2], gi[3], gi[4], gi[5],
+                   d.usage_write_grad ? gi[6] : nullptr};
         step_backward(d, inputs_of<T>(d, t, b), s, g, work);
+        if (!d.usage_write_grad) std::fill(gi[6], gi[6] + WhN, T(0));
       }
     });
   });
+}
+
+tensor_list run_backward(const Dims& d, const tensor_list& t, const tensor_list& out,
+                         const Tensor& slabs, const Tensor& orders, const tensor_list& grads) {
+  tensor_list gin;
+  for (const Tensor& x : t) gin.push_back(at::empty_like(x));
+  tensor_list gout;
+  for (const Tensor& g : grads) {
+    gout.push_back(g.defined() && g.numel() > 0 ? g.contiguous() : Tensor());
+  }
+  backward_into(d, t, out, slabs, orders, gout, gin, nullptr);
   if (!d.link) gin[3] = gin[4] = Tensor();
   if (!d.usage_write_grad) gin[6] = Tensor();
   return gin;
@@ -848,6 +876,624 @@ tensor_list memory_step(const Tensor& interface, const Tensor& memory, const Ten
                            usage_write_grad, clip, eps);
 }
 
+// ---------------------------------------------------------------- the sequence (§2 over time)
+//
+// The DNC's recurrence over a chunk of time as one operator with one backward: per step the
+// controller (L layers of LSTM or GRU, PyTorch's gate order, clipped as Controller._clip), the
+// interface GEMM and the memory step; `lengths` carry a finished example's state unchanged, as
+// run_cell_loop's where_active does. The backward runs the loop in reverse with the memory
+// step's backward and the controller's gates written by hand, and makes each weight's gradient
+// in one GEMM over all T·B rows. A finished example's hiddens and reads are zeros (the modules
+// output zeros there). The output layers that read [h_t; r_t] (the DNC's output
+// linear, the memory controller layer's projections) are not in the loop: the caller applies
+// them to the returned hiddens and reads at once.
+
+struct Seq {
+  bool lstm;
+  int64_t L, H, X, T, B, G;  // G: 4H (LSTM) or 3H (GRU) gate columns
+  double forget_bias, clip;
+  bool save;  // keep every step for a backward (else two state slots, one step buffer)
+
+  int64_t in(int64_t l) const { return l == 0 ? X : X + H; }  // + R·W, added by the caller
+  int64_t slot(int64_t t) const { return save ? t : t % 2; }
+  int64_t step(int64_t t) const { return save ? t : 0; }
+};
+
+template <typename T>
+inline bool inside(T x, double clip) {
+  return clip <= 0 || (x >= T(-clip) && x <= T(clip));
+}
+
+template <typename T>
+inline T clipped(T x, double clip) {
+  return clip > 0 ? std::min(std::max(x, T(-clip)), T(clip)) : x;
+}
+
+// Everything the loop keeps. Per layer: the carried h (and c) over slots [S, B, H], the gate
+// activations [steps, B, 4H] (LSTM i f g o; GRU r z n and W_hn h + b_hn), the pre-clip values
+// [steps, B, 2H] (LSTM c h; GRU h), the layer's input rows [steps, B, in]. The memory state
+// over slots (the seven fields), the interfaces [steps, B, I], the memory step's slabs.
+struct Buffers {
+  std::vector<Tensor> h, c, acts, pre, xin;
+  tensor_list mem;  // memory, usage, link, precedence, read_weights, write_weights, read_vectors
+  Tensor xi, slabs, orders;
+};
+
+Buffers allocate_buffers(const Seq& q, const Dims& d, const at::TensorOptions& o) {
+  const int64_t S = q.save ? q.T + 1 : 2, steps = q.save ? q.T : 1, B = q.B;
+  const int64_t RW = d.R * d.W;
+  Buffers buf;
+  for (int64_t l = 0; l < q.L; ++l) {
+    buf.h.push_back(at::empty({S, B, q.H}, o));
+    buf.c.push_back(q.lstm ? at::empty({S, B, q.H}, o) : Tensor());
+    buf.acts.push_back(at::empty({steps, B, 4 * q.H}, o));
+    buf.pre.push_back(at::empty({steps, B, 2 * q.H}, o));
+    buf.xin.push_back(at::empty({steps, B, q.in(l) + RW}, o));
+  }
+  buf.mem = {at::empty({S, B, d.N, d.W}, o),
+             at::empty({S, B, d.N}, o),
+             d.link ? at::empty({S, B, d.Wh, d.N, d.N}, o) : at::empty({0}, o),
+             d.link ? at::empty({S, B, d.Wh, d.N}, o) : at::empty({0}, o),
+             at::empty({S, B, d.R, d.N}, o),
+             at::empty({S, B, d.Wh, d.N}, o),
+             at::empty({S, B, d.R, d.W}, o)};
+  buf.xi = at::empty({steps, B, d.I}, o);
+  if (q.save) {
+    buf.slabs = at::empty({q.T, B, slab_size(d)}, o);
+    buf.orders = at::empty({q.T, B, d.Wh * d.N}, o.dtype(at::kLong));
+  }
+  return buf;
+}
+
+// The memory state at slot s (the step's inputs, interface first, or its outputs).
+tensor_list memory_inputs(const Dims& d, const Buffers& buf, const Tensor& xi, int64_t s) {
+  const Tensor none = buf.mem[2];  // empty without a link
+  return {xi, buf.mem[0][s], buf.mem[1][s], d.link ? buf.mem[2][s] : none,
+          d.link ? buf.mem[3][s] : none, buf.mem[4][s], buf.mem[5][s]};
+}
+
+tensor_list memory_outputs(const Dims& d, const Buffers& buf, int64_t s) {
+  const Tensor none = buf.mem[2];
+  return {buf.mem[0][s], buf.mem[1][s], d.link ? buf.mem[2][s] : none,
+          d.link ? buf.mem[3][s] : none, buf.mem[4][s], buf.mem[5][s], buf.mem[6][s]};
+}
+
+// Copy the rows of `from` into `to` where `keep[b]` (a finished example keeps its state).
+void copy_rows(const Tensor& to, const Tensor& from, const std::vector<uint8_t>& keep) {
+  if (!to.defined() || to.numel() == 0) return;
+  const int64_t B = to.size(0), row = to.numel() / B, bytes = row * to.element_size();
+  auto* dst = static_cast<char*>(to.data_ptr());
+  const auto* src = static_cast<const char*>(from.data_ptr());
+  for (int64_t b = 0; b < B; ++b) {
+    if (keep[b]) std::memcpy(dst + b * bytes, src + b * bytes, bytes);
+  }
+}
+
+// The rows finished before step t (t >= lengths[b]); empty when every row runs.
+std::vector<uint8_t> finished_at(const Tensor& lengths, int64_t t, int64_t B) {
+  std::vector<uint8_t> done(B, 0);
+  if (!lengths.defined() || lengths.numel() == 0) return done;
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) done[b] = t >= len[b];
+  return done;
+}
+
+bool any(const std::vector<uint8_t>& flags) {
+  return std::any_of(flags.begin(), flags.end(), [](uint8_t f) { return f != 0; });
+}
+
+// weights: per layer w_ih [G, in + R·W], w_hh [G, H], b_ih [G], b_hh [G]; then w_xi [I, L·H],
+// b_xi [I]. Returns hiddens [T, B, L·H], reads [T, B, R·W].
+template <typename T>
+void sequence_forward(const Seq& q, const Dims& d, const Tensor& x, const Tensor& lengths,
+                      const tensor_list& w, Buffers& buf, const Tensor& hiddens,
+                      const Tensor& reads) {
+  const int64_t B = q.B, H = q.H, RW = d.R * d.W, LH = q.L * H;
+  const Tensor& w_xi = w[4 * q.L];
+  const Tensor& b_xi = w[4 * q.L + 1];
+  Tensor gi = q.lstm ? Tensor() : at::empty({B, q.G}, x.options());
+  Tensor gh = at::empty({B, q.G}, x.options());
+  for (int64_t t = 0; t < q.T; ++t) {
+    const int64_t si = q.slot(t), so = q.slot(t + 1), a = q.step(t);
+    // χ_t = [x_t ; r_{t−1}] into layer 1's input rows
+    {
+      T* xin = buf.xin[0][a].data_ptr<T>();
+      const T* xt = x[t].data_ptr<T>();
+      const T* rv = buf.mem[6][si].data_ptr<T>();
+      const int64_t width = q.X + RW;
+      for (int64_t b = 0; b < B; ++b) {
+        std::copy(xt + b * q.X, xt + (b + 1) * q.X, xin + b * width);
+        std::copy(rv + b * RW, rv + (b + 1) * RW, xin + b * width + q.X);
+      }
+    }
+    T* hidden = hiddens[t].data_ptr<T>();
+    for (int64_t l = 0; l < q.L; ++l) {
+      const Tensor& xin = buf.xin[l][a];
+      const Tensor h_prev = buf.h[l][si];
+      T* acts = buf.acts[l][a].data_ptr<T>();
+      T* pre = buf.pre[l][a].data_ptr<T>();
+      T* h_new = buf.h[l][so].data_ptr<T>();
+      const T* hp = h_prev.data_ptr<T>();
+      if (q.lstm) {
+        // gates = x W_ih^T + b_ih + h W_hh^T + b_hh, activated in place: [i f g o]
+        at::addmm_out(gh, w[4 * l + 2], xin, w[4 * l].t());
+        gh.addmm_(h_prev, w[4 * l + 1].t());
+        gh.add_(w[4 * l + 3]);
+        const T* g = gh.data_ptr<T>();
+        const T* cp = buf.c[l][si].data_ptr<T>();
+        T* c_new = buf.c[l][so].data_ptr<T>();
+        for (int64_t b = 0; b < B; ++b) {
+          for (int64_t j = 0; j < H; ++j) {
+            const T* gr = g + b * q.G;
+            T* ar = acts + b * 4 * H;
+            const T i = sigmoid(gr[j]), f = sigmoid(gr[H + j] + T(q.forget_bias));
+            const T gg = std::tanh(gr[2 * H + j]), o = sigmoid(gr[3 * H + j]);
+            ar[j] = i, ar[H + j] = f, ar[2 * H + j] = gg, ar[3 * H + j] = o;
+            const T c = f * cp[b * H + j] + i * gg;
+            const T h = o * std::tanh(c);
+            pre[b * 2 * H + j] = c, pre[b * 2 * H + H + j] = h;
+            c_new[b * H + j] = clipped(c, q.clip);
+            h_new[b * H + j] = clipped(h, q.clip);
+          }
+        }
+      } else {
+        // r, z, n = σ(·), σ(·), tanh(x W_in + b_in + r ∘ (h W_hn + b_hn)); h' = (1 − z) n + z h
+        at::addmm_out(gi, w[4 * l + 2], xin, w[4 * l].t());
+        at::addmm_out(gh, w[4 * l + 3], h_prev, w[4 * l + 1].t());
+        const T* xg = gi.data_ptr<T>();
+        const T* hg = gh.data_ptr<T>();
+        for (int64_t b = 0; b < B; ++b) {
+          for (int64_t j = 0; j < H; ++j) {
+            const T* xr = xg + b * q.G;
+            const T* hr = hg + b * q.G;
+            T* ar = acts + b * 4 * H;
+            const T r = sigmoid(xr[j] + hr[j]), z = sigmoid(xr[H + j] + hr[H + j]);
+            const T n = std::tanh(xr[2 * H + j] + r * hr[2 * H + j]);
+            ar[j] = r, ar[H + j] = z, ar[2 * H + j] = n, ar[3 * H + j] = hr[2 * H + j];
+            const T h = (T(1) - z) * n + z * hp[b * H + j];
+            pre[b * 2 * H + j] = h;
+            h_new[b * H + j] = clipped(h, q.clip);
+          }
+        }
+      }
+      for (int64_t b = 0; b < B; ++b) {
+        std::copy(h_new + b * H, h_new + (b + 1) * H, hidden + b * LH + l * H);
+      }
+      if (l + 1 < q.L) {  // layer l + 1 reads [χ_t ; h^l_t]
+        const T* below = buf.xin[0][a].data_ptr<T>();
+        T* next = buf.xin[l + 1][a].data_ptr<T>();
+        const int64_t width = q.X + RW;
+        for (int64_t b = 0; b < B; ++b) {
+          std::copy(below + b * width, below + (b + 1) * width, next + b * (width + H));
+          std::copy(h_new + b * H, h_new + (b + 1) * H, next + b * (width + H) + width);
+        }
+      }
+    }
+    Tensor xi = buf.xi[a];
+    at::addmm_out(xi, b_xi, hiddens[t], w_xi.t());
+    forward_into(d, memory_inputs(d, buf, xi, si), memory_outputs(d, buf, so),
+                 q.save ? buf.slabs[t] : Tensor(), q.save ? buf.orders[t] : Tensor());
+    reads[t].copy_(buf.mem[6][so].view({B, RW}));
+    const std::vector<uint8_t> done = finished_at(lengths, t, B);
+    if (any(done)) {  // a finished example keeps its state and outputs zeros
+      for (int64_t b = 0; b < B; ++b) {
+        if (!done[b]) continue;
+        hiddens[t][b].zero_();
+        reads[t][b].zero_();
+      }
+      for (int64_t l = 0; l < q.L; ++l) {
+        copy_rows(buf.h[l][so], buf.h[l][si], done);
+        if (q.lstm) copy_rows(buf.c[l][so], buf.c[l][si], done);
+      }
+      for (int64_t k = 0; k < 7; ++k) {
+        if (buf.mem[k].numel()) copy_rows(buf.mem[k][so], buf.mem[k][si], done);
+      }
+    }
+  }
+}
+
+// Adds `from`'s rows to `to`'s where `keep[b]`.
+template <typename T>
+void add_rows(const Tensor& to, const Tensor& from, const std::vector<uint8_t>& keep) {
+  if (!to.defined() || to.numel() == 0 || !from.defined()) return;
+  const int64_t B = to.size(0), row = to.numel() / B;
+  T* dst = to.data_ptr<T>();
+  const T* src = from.data_ptr<T>();
+  for (int64_t b = 0; b < B; ++b) {
+    if (!keep[b]) continue;
+    for (int64_t i = 0; i < row; ++i) dst[b * row + i] += src[b * row + i];
+  }
+}
+
+Tensor zeros_or(const Tensor& g, const Tensor& like) {
+  return g.defined() && g.numel() ? g.contiguous().clone() : at::zeros_like(like);
+}
+
+// Gradients: of x [T, B, X], of the initial controller state (per layer h, and c for an LSTM),
+// of the initial memory state (seven fields), of the weights (in their order).
+template <typename T>
+tensor_list sequence_backward(const Seq& q, const Dims& d, const Tensor& x, const Tensor& lengths,
+                              const tensor_list& w, const Buffers& buf, const Tensor& hiddens,
+                              const Tensor& g_hiddens, const Tensor& g_reads,
+                              const tensor_list& g_ctrl, const tensor_list& g_mem) {
+  const int64_t B = q.B, H = q.H, RW = d.R * d.W, LH = q.L * H, X = q.X;
+  const auto o = x.options();
+  // the carried gradients, of the state after step t
+  std::vector<Tensor> gh(q.L), gc(q.L);
+  const int64_t per = q.lstm ? 2 : 1;
+  for (int64_t l = 0; l < q.L; ++l) {
+    gh[l] = zeros_or(g_ctrl[per * l], buf.h[l][q.T]);
+    if (q.lstm) gc[l] = zeros_or(g_ctrl[per * l + 1], buf.c[l][q.T]);
+  }
+  tensor_list gm(7);
+  for (int64_t k = 0; k < 7; ++k) {
+    gm[k] = buf.mem[k].numel() ? zeros_or(g_mem[k], buf.mem[k][q.T]) : buf.mem[k];
+  }
+  std::vector<Tensor> g_gi(q.L), g_gh(q.L);
+  for (int64_t l = 0; l < q.L; ++l) {
+    g_gi[l] = at::empty({q.T, B, q.G}, o);
+    g_gh[l] = q.lstm ? g_gi[l] : at::empty({q.T, B, q.G}, o);
+  }
+  const Tensor g_xi = at::empty({q.T, B, d.I}, o);
+  const Tensor g_x = at::empty({q.T, B, X}, o);
+  const Tensor g_hidden = at::empty({B, LH}, o);
+  std::vector<Tensor> g_above(q.L);  // of h^l through layer l + 1's input
+  for (int64_t t = q.T - 1; t >= 0; --t) {
+    const std::vector<uint8_t> done = finished_at(lengths, t, B);
+    std::vector<uint8_t> active(B);
+    for (int64_t b = 0; b < B; ++b) active[b] = !done[b];
+    const bool some_done = any(done);
+    // the memory step (finished rows skipped: their state is carried)
+    tensor_list gout = gm;
+    Tensor g_rv = gm[6].clone();
+    if (g_reads.defined()) g_rv.add_(g_reads[t].view({B, d.R, d.W}));
+    gout[6] = g_rv;
+    tensor_list gin = {g_xi[t]};
+    for (int64_t k = 0; k < 6; ++k) gin.push_back(at::empty_like(gm[k]));
+    backward_into(d, memory_inputs(d, buf, buf.xi[t], t), memory_outputs(d, buf, t + 1),
+                  buf.slabs[t], buf.orders[t], gout, gin, some_done ? active.data() : nullptr);
+    if (some_done) {
+      for (int64_t k = 0; k < 6; ++k) copy_rows(gin[k + 1], gm[k], done);
+    }
+    // the controller, top layer first
+    if (g_hiddens.defined()) {
+      g_hidden.copy_(g_hiddens[t]);
+    } else {
+      g_hidden.zero_();
+    }
+    g_hidden.addmm_(g_xi[t], w[4 * q.L]);
+    if (some_done) {  // a finished example's outputs were zeros
+      for (int64_t b = 0; b < B; ++b) {
+        if (done[b]) g_hidden[b].zero_();
+      }
+    }
+    Tensor g_chi = at::zeros({B, X + RW}, o);
+    std::vector<Tensor> gh_prev(q.L), gc_prev(q.L);
+    for (int64_t l = q.L - 1; l >= 0; --l) {
+      const T* gh_out = g_hidden.data_ptr<T>();
+      const T* ghc = gh[l].data_ptr<T>();
+      const T* gab = g_above[l].defined() ? g_above[l].data_ptr<T>() : nullptr;
+      const T* acts = buf.acts[l][t].data_ptr<T>();
+      const T* pre = buf.pre[l][t].data_ptr<T>();
+      const T* hp = buf.h[l][t].data_ptr<T>();
+      T* gi = g_gi[l][t].data_ptr<T>();
+      T* ghh = g_gh[l][t].data_ptr<T>();
+      Tensor direct = at::empty({B, H}, o);  // of h_{t−1} not through W_hh (GRU's z ∘ h)
+      T* dh = direct.data_ptr<T>();
+      if (q.lstm) gc_prev[l] = at::empty({B, H}, o);
+      const T* gcc = q.lstm ? gc[l].data_ptr<T>() : nullptr;
+      const T* cp = q.lstm ? buf.c[l][t].data_ptr<T>() : nullptr;
+      T* gcp = q.lstm ? gc_prev[l].data_ptr<T>() : nullptr;
+      for (int64_t b = 0; b < B; ++b) {
+        const bool on = active[b];
+        const T* ar = acts + b * 4 * H;
+        const T* pr = pre + b * 2 * H;
+        for (int64_t j = 0; j < H; ++j) {
+          T g = gh_out[b * LH + l * H + j] + (on ? ghc[b * H + j] : T(0));
+          if (gab) g += gab[b * H + j];
+          if (q.lstm) {
+            const T i = ar[j], f = ar[H + j], gg = ar[2 * H + j], og = ar[3 * H + j];
+            const T c = pr[j], h = pr[H + j];
+            const T gh_pre = inside(h, q.clip) ? g : T(0);
+            const T tc = std::tanh(c);
+            T gc_pre = on && inside(c, q.clip) ? gcc[b * H + j] : T(0);
+            gc_pre += gh_pre * og * (T(1) - tc * tc);
+            T* gr = gi + b * q.G;
+            gr[j] = gc_pre * gg * i * (T(1) - i);
+            gr[H + j] = gc_pre * cp[b * H + j] * f * (T(1) - f);
+            gr[2 * H + j] = gc_pre * i * (T(1) - gg * gg);
+            gr[3 * H + j] = gh_pre * tc * og * (T(1) - og);
+            gcp[b * H + j] = gc_pre * f;
+            dh[b * H + j] = 0;
+          } else {
+            const T r = ar[j], z = ar[H + j], n = ar[2 * H + j], hn = ar[3 * H + j];
+            const T gh_pre = inside(pr[j], q.clip) ? g : T(0);
+            const T g_npre = gh_pre * (T(1) - z) * (T(1) - n * n);
+            const T g_rpre = g_npre * hn * r * (T(1) - r);
+            const T g_zpre = gh_pre * (hp[b * H + j] - n) * z * (T(1) - z);
+            T* xr = gi + b * q.G;
+            T* hr = ghh + b * q.G;
+            xr[j] = hr[j] = g_rpre;
+            xr[H + j] = hr[H + j] = g_zpre;
+            xr[2 * H + j] = g_npre;
+            hr[2 * H + j] = g_npre * r;
+            dh[b * H + j] = gh_pre * z;
+          }
+        }
+      }
+      const Tensor g_in = at::mm(g_gi[l][t], w[4 * l]);  // [B, in + R·W]
+      gh_prev[l] = direct.addmm_(g_gh[l][t], w[4 * l + 1]);
+      g_chi.add_(g_in.narrow(1, 0, X + RW));
+      if (l > 0) g_above[l - 1] = g_in.narrow(1, X + RW, H).contiguous();
+    }
+    g_x[t].copy_(g_chi.narrow(1, 0, X));
+    Tensor g_rv_prev = g_chi.narrow(1, X, RW).contiguous().view({B, d.R, d.W});
+    if (some_done) {
+      add_rows<T>(g_rv_prev, gm[6], done);
+      for (int64_t l = 0; l < q.L; ++l) {
+        add_rows<T>(gh_prev[l], gh[l], done);
+        if (q.lstm) add_rows<T>(gc_prev[l], gc[l], done);
+      }
+    }
+    for (int64_t l = 0; l < q.L; ++l) {
+      gh[l] = gh_prev[l];
+      if (q.lstm) gc[l] = gc_prev[l];
+      g_above[l] = Tensor();
+    }
+    for (int64_t k = 0; k < 6; ++k) gm[k] = gin[k + 1];
+    gm[6] = g_rv_prev;
+  }
+  // each weight's gradient over all T·B rows at once
+  tensor_list out{g_x};
+  for (int64_t l = 0; l < q.L; ++l) {
+    out.push_back(gh[l]);
+    if (q.lstm) out.push_back(gc[l]);
+  }
+  for (int64_t k = 0; k < 7; ++k) out.push_back(buf.mem[k].numel() ? gm[k] : Tensor());
+  const int64_t TB = q.T * B;
+  for (int64_t l = 0; l < q.L; ++l) {
+    const Tensor gi = g_gi[l].view({TB, q.G}), ghh = g_gh[l].view({TB, q.G});
+    out.push_back(at::mm(gi.t(), buf.xin[l].view({TB, -1})));
+    out.push_back(at::mm(ghh.t(), buf.h[l].narrow(0, 0, q.T).reshape({TB, H})));
+    out.push_back(gi.sum(0));
+    out.push_back(ghh.sum(0));
+  }
+  const Tensor gxi = g_xi.view({TB, d.I});
+  out.push_back(at::mm(gxi.t(), hiddens.view({TB, LH})));
+  out.push_back(gxi.sum(0));
+  return out;
+}
+
+Seq make_seq(const Tensor& x, at::TensorList ctrl, at::TensorList weights, bool lstm,
+             int64_t layers, double forget_bias, double clip, bool save) {
+  Seq q;
+  q.lstm = lstm;
+  q.L = layers;
+  q.T = x.size(0);
+  q.B = x.size(1);
+  q.X = x.size(2);
+  q.H = ctrl[0].size(1);
+  q.G = (lstm ? 4 : 3) * q.H;
+  q.forget_bias = forget_bias;
+  q.clip = clip;
+  q.save = save;
+  return q;
+}
+
+Dims sequence_dims(at::TensorList mem, const Tensor& w_xi, at::IntArrayRef offsets, bool deepmind,
+                   bool usage_write_grad, double interface_clip, double eps) {
+  const Tensor interface = at::empty({1, w_xi.size(0)}, w_xi.options());
+  return make_dims(interface, mem[0], mem[4], mem[5], mem[2].numel() > 0, offsets, deepmind,
+                   usage_write_grad, interface_clip, eps);
+}
+
+void check_sequence(const Seq& q, const Dims& d, const Tensor& x, const Tensor& lengths,
+                    at::TensorList ctrl, at::TensorList mem, at::TensorList w) {
+  const char* name = "relmem DNC sequence";
+  TORCH_CHECK(x.dim() == 3 && x.size(0) > 0 && x.size(1) > 0, name,
+              ": x must be [T, B, X] with T, B > 0, got ", x.sizes());
+  TORCH_CHECK(x.device().is_cpu(), name, ": x must be on the CPU, got ", x.device());
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, name,
+              ": float32 or float64 only, got ", x.scalar_type());
+  TORCH_CHECK(!lengths.defined() || lengths.numel() == 0 ||
+                  (lengths.scalar_type() == at::kLong && lengths.sizes() == at::IntArrayRef{q.B}),
+              name, ": lengths must be int64 [B] or empty");
+  TORCH_CHECK(static_cast<int64_t>(ctrl.size()) == q.L * (q.lstm ? 2 : 1), name, ": expected ",
+              q.L * (q.lstm ? 2 : 1), " controller state tensors, got ", ctrl.size());
+  for (const Tensor& s : ctrl) {
+    TORCH_CHECK(s.sizes() == at::IntArrayRef({q.B, q.H}) && s.scalar_type() == x.scalar_type(),
+                name, ": every controller state must be [B, H] = [", q.B, ", ", q.H,
+                "] of x's dtype, got ", s.sizes(), " ", s.scalar_type());
+  }
+  TORCH_CHECK(mem.size() == 7, name, ": expected 7 memory state tensors, got ", mem.size());
+  TORCH_CHECK(static_cast<int64_t>(w.size()) == 4 * q.L + 2, name, ": expected ", 4 * q.L + 2,
+              " weights, got ", w.size());
+  const int64_t RW = d.R * d.W;
+  for (int64_t l = 0; l < q.L; ++l) {
+    TORCH_CHECK(w[4 * l].sizes() == at::IntArrayRef({q.G, q.in(l) + RW}) &&
+                    w[4 * l + 1].sizes() == at::IntArrayRef({q.G, q.H}) &&
+                    w[4 * l + 2].sizes() == at::IntArrayRef({q.G}) &&
+                    w[4 * l + 3].sizes() == at::IntArrayRef({q.G}),
+                name, ": layer ", l, "'s weights must be [", q.G, ", ", q.in(l) + RW, "], [",
+                q.G, ", ", q.H, "], [", q.G, "], [", q.G, "]");
+  }
+  TORCH_CHECK(w[4 * q.L].sizes() == at::IntArrayRef({d.I, q.L * q.H}) &&
+                  w[4 * q.L + 1].sizes() == at::IntArrayRef({d.I}),
+              name, ": the interface weights must be [", d.I, ", ", q.L * q.H, "] and [", d.I, "]");
+  tensor_list t{at::empty({q.B, d.I}, x.options())};
+  for (int64_t k = 0; k < 6; ++k) t.push_back(mem[k]);
+  check_inputs(d, t);
+  TORCH_CHECK(mem[6].sizes() == at::IntArrayRef({q.B, d.R, d.W}), name,
+              ": read_vectors must be [B, R, W], got ", mem[6].sizes());
+  for (const Tensor& p : w) {
+    TORCH_CHECK(p.scalar_type() == x.scalar_type() && p.device().is_cpu(), name,
+                ": every weight must be of x's dtype on the CPU");
+  }
+}
+
+// Runs the loop; returns hiddens, reads, the final controller state, the final memory state.
+tensor_list run_sequence(const Seq& q, const Dims& d, const Tensor& x, const Tensor& lengths,
+                         at::TensorList ctrl, at::TensorList mem, const tensor_list& w,
+                         Buffers& buf) {
+  const auto o = x.options();
+  const int64_t per = q.lstm ? 2 : 1;
+  for (int64_t l = 0; l < q.L; ++l) {
+    buf.h[l][0].copy_(ctrl[per * l]);
+    if (q.lstm) buf.c[l][0].copy_(ctrl[per * l + 1]);
+  }
+  for (int64_t k = 0; k < 7; ++k) {
+    if (buf.mem[k].numel()) buf.mem[k][0].copy_(mem[k]);
+  }
+  const Tensor hiddens = at::empty({q.T, q.B, q.L * q.H}, o);
+  const Tensor reads = at::empty({q.T, q.B, d.R * d.W}, o);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "relmem_dnc_sequence", [&] {
+    sequence_forward<scalar_t>(q, d, x, lengths, w, buf, hiddens, reads);
+  });
+  tensor_list out{hiddens, reads};
+  const int64_t last = q.slot(q.T);
+  for (int64_t l = 0; l < q.L; ++l) {
+    out.push_back(buf.h[l][last].clone());
+    if (q.lstm) out.push_back(buf.c[l][last].clone());
+  }
+  for (int64_t k = 0; k < 7; ++k) {
+    out.push_back(buf.mem[k].numel() ? buf.mem[k][last].clone() : at::empty({0}, o));
+  }
+  return out;
+}
+
+class Sequence : public torch::autograd::Function<Sequence> {
+ public:
+  static tensor_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& lengths,
+                             at::TensorList ctrl, at::TensorList mem, at::TensorList weights,
+                             at::IntArrayRef offsets, bool lstm, int64_t layers,
+                             double forget_bias, double clip, bool deepmind,
+                             bool usage_write_grad, double interface_clip, double eps) {
+    const Seq q = make_seq(x, ctrl, weights, lstm, layers, forget_bias, clip, true);
+    const Dims d = sequence_dims(mem, weights[4 * layers], offsets, deepmind, usage_write_grad,
+                                 interface_clip, eps);
+    const tensor_list w(weights.begin(), weights.end());
+    Buffers buf = allocate_buffers(q, d, x.options());
+    tensor_list out = run_sequence(q, d, x, lengths, ctrl, mem, w, buf);
+    // saved: x, lengths, weights, the hiddens, then the buffers
+    tensor_list saved{x, lengths, out[0], buf.xi, buf.slabs, buf.orders};
+    saved.insert(saved.end(), w.begin(), w.end());
+    saved.insert(saved.end(), buf.mem.begin(), buf.mem.end());
+    for (int64_t l = 0; l < layers; ++l) {
+      saved.insert(saved.end(), {buf.h[l], lstm ? buf.c[l] : buf.h[l], buf.acts[l], buf.pre[l],
+                                 buf.xin[l]});
+    }
+    ctx->save_for_backward(saved);
+    ctx->saved_data["offsets"] = offsets.vec();
+    ctx->saved_data["lstm"] = lstm;
+    ctx->saved_data["layers"] = layers;
+    ctx->saved_data["forget_bias"] = forget_bias;
+    ctx->saved_data["clip"] = clip;
+    ctx->saved_data["deepmind"] = deepmind;
+    ctx->saved_data["usage_write_grad"] = usage_write_grad;
+    ctx->saved_data["interface_clip"] = interface_clip;
+    ctx->saved_data["eps"] = eps;
+    const int64_t first_mem = 2 + (lstm ? 2 : 1) * layers;
+    if (!d.link) ctx->mark_non_differentiable({out[first_mem + 2], out[first_mem + 3]});
+    return out;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "the fused DNC sequence has no second derivative (backward with "
+                "create_graph=True); implementation='reference' runs the reference step");
+    const tensor_list s = ctx->get_saved_variables();
+    const bool lstm = ctx->saved_data["lstm"].toBool();
+    const int64_t layers = ctx->saved_data["layers"].toInt();
+    const Tensor& x = s[0];
+    const Tensor& lengths = s[1];
+    const Tensor& hiddens = s[2];
+    Buffers buf;
+    buf.xi = s[3];
+    buf.slabs = s[4];
+    buf.orders = s[5];
+    const tensor_list w(s.begin() + 6, s.begin() + 6 + 4 * layers + 2);
+    int64_t at = 6 + 4 * layers + 2;
+    buf.mem = tensor_list(s.begin() + at, s.begin() + at + 7);
+    at += 7;
+    for (int64_t l = 0; l < layers; ++l, at += 5) {
+      buf.h.push_back(s[at]);
+      buf.c.push_back(lstm ? s[at + 1] : Tensor());
+      buf.acts.push_back(s[at + 2]);
+      buf.pre.push_back(s[at + 3]);
+      buf.xin.push_back(s[at + 4]);
+    }
+    const std::vector<int64_t> offsets = ctx->saved_data["offsets"].toIntVector();
+    tensor_list ctrl_state;
+    for (int64_t l = 0; l < layers; ++l) {
+      ctrl_state.push_back(buf.h[l][0]);
+      if (lstm) ctrl_state.push_back(buf.c[l][0]);
+    }
+    Seq q = make_seq(x, ctrl_state, w, lstm, layers, ctx->saved_data["forget_bias"].toDouble(),
+                     ctx->saved_data["clip"].toDouble(), true);
+    tensor_list mem0;
+    for (int64_t k = 0; k < 7; ++k) mem0.push_back(buf.mem[k].numel() ? buf.mem[k][0] : buf.mem[k]);
+    const Dims d = sequence_dims(mem0, w[4 * layers], offsets,
+                                 ctx->saved_data["deepmind"].toBool(),
+                                 ctx->saved_data["usage_write_grad"].toBool(),
+                                 ctx->saved_data["interface_clip"].toDouble(),
+                                 ctx->saved_data["eps"].toDouble());
+    const int64_t n_ctrl = (lstm ? 2 : 1) * layers;
+    const tensor_list g_ctrl(grads.begin() + 2, grads.begin() + 2 + n_ctrl);
+    const tensor_list g_mem(grads.begin() + 2 + n_ctrl, grads.begin() + 2 + n_ctrl + 7);
+    auto defined = [](const Tensor& g) { return g.defined() ? g.contiguous() : g; };
+    tensor_list out;
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "relmem_dnc_sequence_backward", [&] {
+      out = sequence_backward<scalar_t>(q, d, x, lengths, w, buf, hiddens, defined(grads[0]),
+                                        defined(grads[1]), g_ctrl, g_mem);
+    });
+    // one gradient per input, the lists flattened: x, lengths, ctrl, mem, weights, 9 options
+    tensor_list result{out[0], Tensor()};
+    result.insert(result.end(), out.begin() + 1, out.end());
+    result.resize(result.size() + 9);
+    return result;
+  }
+};
+
+tensor_list sequence(const Tensor& x, const std::optional<Tensor>& lengths, at::TensorList ctrl,
+                     at::TensorList mem, at::TensorList weights, at::IntArrayRef offsets, bool lstm,
+                     int64_t layers, double forget_bias, double clip, bool deepmind,
+                     bool usage_write_grad, double interface_clip, double eps) {
+  TORCH_CHECK(layers >= 1 && !ctrl.empty() && static_cast<int64_t>(weights.size()) == 4 * layers + 2,
+              "relmem DNC sequence: expected ", 4 * layers + 2, " weights for ", layers,
+              " layers, got ", weights.size());
+  TORCH_CHECK(x.dim() == 3 && x.size(0) > 0 && x.size(1) > 0,
+              "relmem DNC sequence: x must be [T, B, X] with T, B > 0, got ", x.sizes());
+  TORCH_CHECK(ctrl[0].dim() == 2, "relmem DNC sequence: every controller state must be [B, H], got ",
+              ctrl[0].sizes());
+  const Tensor xc = x.contiguous();
+  const Tensor len =
+      lengths ? lengths->contiguous() : at::empty({0}, x.options().dtype(at::kLong));
+  tensor_list c, m, w;
+  for (const Tensor& t : ctrl) c.push_back(t.contiguous());
+  for (const Tensor& t : mem) m.push_back(t.contiguous());
+  for (const Tensor& t : weights) w.push_back(t.contiguous());
+  const Seq probe = make_seq(xc, c, w, lstm, layers, forget_bias, clip, false);
+  TORCH_CHECK(m.size() == 7, "relmem DNC sequence: expected 7 memory state tensors, got ", m.size());
+  const Dims d = sequence_dims(m, w[4 * layers], offsets, deepmind, usage_write_grad,
+                               interface_clip, eps);
+  check_sequence(probe, d, xc, len, c, m, w);
+  const auto needs = [](const Tensor& t) { return t.defined() && t.requires_grad(); };
+  bool grad = needs(xc);
+  for (const Tensor& t : c) grad = grad || needs(t);
+  for (const Tensor& t : m) grad = grad || needs(t);
+  for (const Tensor& t : w) grad = grad || needs(t);
+  if (!at::GradMode::is_enabled() || !grad) {
+    // Without a gradient to make, two state slots and one step's buffers (inference keeps no
+    // sequence of states: a long document fits).
+    Buffers buf = allocate_buffers(probe, d, xc.options());
+    return run_sequence(probe, d, xc, len, c, m, w, buf);
+  }
+  // the lists as TensorList: autograd links the tensors of a TensorList argument, not of a vector
+  return Sequence::apply(xc, len, at::TensorList(c), at::TensorList(m), at::TensorList(w), offsets,
+                         lstm, layers, forget_bias, clip, deepmind, usage_write_grad,
+                         interface_clip, eps);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(relmem_dnc, m) {
@@ -855,8 +1501,13 @@ TORCH_LIBRARY(relmem_dnc, m) {
       "memory_step(Tensor interface, Tensor memory, Tensor usage, Tensor link, Tensor precedence, "
       "Tensor read_weights, Tensor write_weights, int[] offsets, bool deepmind, "
       "bool usage_write_grad, float clip, float eps) -> Tensor[]");
+  m.def(
+      "sequence(Tensor x, Tensor? lengths, Tensor[] controller, Tensor[] memory, "
+      "Tensor[] weights, int[] offsets, bool lstm, int layers, float forget_bias, float clip, "
+      "bool deepmind, bool usage_write_grad, float interface_clip, float eps) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(relmem_dnc, CompositeImplicitAutograd, m) {
   m.impl("memory_step", &memory_step);
+  m.impl("sequence", &sequence);
 }
