@@ -472,8 +472,8 @@ def test_the_sequence_names_a_bad_argument() -> None:
     weights = [w for cell in controller.cells for w in cell.parameters()]
     weights += [memory.interface.weight, memory.interface.bias]
     fields = list(state)[:7]
-    args = dict(lstm=True, layers=1, forget_bias=0.0, clip=0.0, deepmind=False,
-                usage_write_grad=False, interface_clip=0.0, eps=1e-6)  # fmt: skip
+    args = {"lstm": True, "layers": 1, "forget_bias": 0.0, "clip": 0.0, "deepmind": False,
+                "usage_write_grad": False, "interface_clip": 0.0, "eps": 1e-6}  # fmt: skip
     x = torch.randn(3, 2, 4, dtype=f64)
     with pytest.raises(RuntimeError, match=r"every controller state must be \[B, H\]"):
         fused_module.sequence(x, None, [controller_state[0][:1], controller_state[1]], fields,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor, nn
@@ -126,7 +126,8 @@ def fused_recurrence(
         flat += list(entry) if lstm else [entry]
     weights: list[Tensor] = []
     for cell in controller.cells:
-        weights += [cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh]
+        rnn = cast(nn.RNNCellBase, cell)
+        weights += [rnn.weight_ih, rnn.weight_hh, rnn.bias_ih, rnn.bias_hh]
     weights += [memory.interface.weight, memory.interface.bias]
     fields = (
         state.memory,
@@ -158,7 +159,7 @@ def fused_recurrence(
         controller_state: ControllerState = tuple((h, c) for h, c in pairs)
     else:
         controller_state = tuple(final_controller)
-    new_memory = DNCMemoryState(*final_memory)  # type: ignore[arg-type]
+    new_memory = DNCMemoryState(*final_memory)
     return hiddens, reads, DNCState.combine(new_memory, controller_state)
 
 
