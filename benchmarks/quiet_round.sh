@@ -15,16 +15,16 @@
 # minipacman, boxworld: `relmem train TASK` (600 PPO steps, the preset's threads), the RMC and
 # the LSTM, seed 0 then seed 1. memory: `relmem train repeat-copy` (the DNC and the LSTM, seed 0),
 # `relmem train copy` and `relmem train associative-recall` (the DNC, seeds 0 and 1; the LSTM,
-# seed 0). nth-farthest: `relmem train nth-farthest` (the RMC and the LSTM on the `cpu` preset,
-# the DNC on `dnc-cpu`), seed 0.
+# seed 0); TASKS="copy" (say) runs only those tasks. nth-farthest: `relmem train nth-farthest`
+# (the RMC and the LSTM on the `cpu` preset, the DNC on `dnc-cpu`), seed 0.
 # Each run is followed by `relmem eval` and `relmem plot`; the 1-minute load average is
 # sampled every 15 s beside each run into OUT/TASK/load-RUN.log. Nothing else should run
-# meanwhile: the runs are timed. MODELS="lstm" (say) runs only those models' runs of lm, lte,
-# minipacman, boxworld and nth-farthest.
+# meanwhile: the runs are timed. MODELS="lstm" (say) runs only those models' runs of every
+# family.
 # Then: python benchmarks/round_table.py keep OUT/TASK/*/ --to ... --load-logs OUT/TASK
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
-  sed -n '2,25p' "$0"
+  sed -n '2,24p' "$0"
   exit 2
 fi
 out=$1 family=$2
@@ -79,10 +79,14 @@ case $family in
     done
     ;;
   memory)
-    for model in dnc lstm; do run repeat-copy "$model" 0; done
-    for task in copy associative-recall; do
-      for seed in 0 1; do run "$task" dnc "$seed"; done
-      run "$task" lstm 0
+    for task in ${TASKS:-repeat-copy copy associative-recall}; do
+      for model in ${MODELS:-dnc lstm}; do
+        if [[ $task == repeat-copy || $model == lstm ]]; then
+          run "$task" "$model" 0
+        else
+          for seed in 0 1; do run "$task" "$model" "$seed"; done
+        fi
+      done
     done
     ;;
   nth-farthest)
