@@ -1,12 +1,13 @@
-"""The DNC's fused CPU memory step: :meth:`DNCMemory._step` as one C++ operator.
+"""The DNC's fused CPU path: the memory step, and the whole recurrence, as C++ operators.
 
 The reference step (:mod:`relmem.cores.dnc.memory`, :mod:`relmem.cores.dnc.addressing`) is
 about a hundred small eager ops per token, each with its autograd node; at the sizes the DNC
 runs at (N of 16 to 128 slots, words of 16 to 64), their per-call cost is the whole step
-(``docs/performance.md`` §5). ``relmem_dnc::memory_step`` (``csrc/memory_step.cpp``) runs the
-same arithmetic, from the raw interface vector to the read vectors, as a few loops per example
-with a hand-written backward: one autograd node per step. The controller, the interface and
-output linears stay ATen's.
+(``docs/performance.md`` §7, ``docs/dnc.md`` §17). ``relmem_dnc::memory_step``
+(``csrc/memory_step.cpp``) runs the same arithmetic, from the raw interface vector to the read
+vectors, as a few loops per example with a hand-written backward: one autograd node per step.
+``relmem_dnc::sequence`` (:func:`sequence`) runs the controller, the interface GEMM and that
+step over a chunk of time with one autograd node.
 
 What it runs: the link 'dense' or 'none', compat 'paper' or 'deepmind', any number of read and
 write heads, ``usage_write_grad``, ``interface_clip``, ``eps``; float32 and float64 on the CPU.
