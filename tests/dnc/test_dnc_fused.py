@@ -267,8 +267,8 @@ def test_float32_agrees_with_the_reference_to_rounding() -> None:
 def test_the_default_is_the_fused_step_on_the_cpu() -> None:
     memory = DNCMemory(4, 6, 3)
     xi = torch.randn(2, memory.interface_size)
-    assert memory.implementation == "auto" and memory._runs_fused(xi)
-    assert not DNCMemory(4, 6, 3, implementation="reference")._runs_fused(xi)
+    assert memory.implementation == "auto" and memory.runs_fused(xi)
+    assert not DNCMemory(4, 6, 3, implementation="reference").runs_fused(xi)
 
 
 @pytest.mark.parametrize(

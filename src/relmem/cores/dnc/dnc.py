@@ -97,7 +97,7 @@ def fused_recurrence_ok(memory: DNCMemory, x: Tensor, state: DNCState) -> bool:
         return False
     if state.memory.dtype != dtype or memory.factory_defaults()[1] != dtype:
         return False
-    return memory._runs_fused(x)
+    return memory.runs_fused(x)
 
 
 def fused_recurrence(

@@ -106,15 +106,21 @@ class InterfaceLayout:
     def size(self) -> int:
         return sum(size for _, size in self.fields)
 
+    def starts(self) -> dict[str, int]:
+        """Where each field starts in ξ."""
+        starts, at = {}, 0
+        for field, size in self.fields:
+            starts[field] = at
+            at += size
+        return starts
+
     def slice_of(self, name: str) -> slice:
         """The slice of ξ holding field ``name`` (e.g. to initialise a gate's bias)."""
-        start = 0
-        for field, size in self.fields:
-            if field == name:
-                return slice(start, start + size)
-            start += size
-        names = ", ".join(field for field, _ in self.fields)
-        raise KeyError(f"InterfaceLayout: no field {name!r}; the fields are {names}")
+        starts = self.starts()
+        if name not in starts:
+            names = ", ".join(field for field, _ in self.fields)
+            raise KeyError(f"InterfaceLayout: no field {name!r}; the fields are {names}")
+        return slice(starts[name], starts[name] + dict(self.fields)[name])
 
     def split(self, interface: Tensor) -> dict[str, Tensor]:
         """Cut ``[B, size]`` into named raw (unsquashed) pieces ``[B, field size]``."""
@@ -352,7 +358,7 @@ class DNCMemory(nn.Module):
             key_mask=key_mask,
             link_sharpness=link_sharpness,
         )
-        starts = dict(zip((f for f, _ in self.layout.fields), self._starts(), strict=True))
+        starts = self.layout.starts()
         # where each field starts, in the fused operator's order (-1: absent)
         self.operator_offsets = [starts.get(field, -1) for field in F.OPERATOR_FIELDS]
         self.interface: nn.Linear | None = None
@@ -362,13 +368,6 @@ class DNCMemory(nn.Module):
         anchor = torch.empty(0, device=device, dtype=dtype)
         self.register_buffer("_anchor", anchor, persistent=False)
         self.reset_parameters()
-
-    def _starts(self) -> list[int]:
-        starts, at = [], 0
-        for _, size in self.layout.fields:
-            starts.append(at)
-            at += size
-        return starts
 
     # ------------------------------------------------------------------ parameters
 
@@ -596,7 +595,7 @@ class DNCMemory(nn.Module):
         compute = torch.float64 if state_dtype == torch.float64 else torch.float32
         with torch.autocast(interface.device.type, enabled=False):
             interface, state = interface.to(compute), _cast_state(state, compute)
-            if self._runs_fused(interface):
+            if self.runs_fused(interface):
                 fields = F.memory_step(
                     interface,
                     state[:6],
@@ -628,7 +627,7 @@ class DNCMemory(nn.Module):
             return None
         return f"the fused DNC memory step does not implement {', '.join(options)}"
 
-    def _runs_fused(self, interface: Tensor) -> bool:
+    def runs_fused(self, interface: Tensor) -> bool:
         """Whether this step runs the fused operator (see ``implementation``).
 
         Raises:

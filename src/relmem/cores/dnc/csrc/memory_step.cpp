@@ -1,5 +1,7 @@
-// The DNC's fused CPU memory step: DNCMemory._step (docs/dnc.md §2.3–§2.8) as one operator with
-// a hand-written backward (docs/performance.md §5).
+// The DNC's fused CPU path (docs/dnc.md §17, docs/performance.md §7): DNCMemory._step
+// (docs/dnc.md §2.3–§2.8) as one operator with a hand-written backward (memory_step), and the
+// whole recurrence, controller and interface included, over a chunk of time (sequence, at the
+// end of this file).
 //
 // The reference step is about a hundred small eager ops per token (the interface's squashing,
 // usage, allocation with its sort, write weights, erase and add, the link and precedence, the
@@ -741,10 +743,10 @@ tensor_list run_forward(const Dims& d, const tensor_list& t, const Tensor& slabs
   return out;
 }
 
-// Gradients of the seven inputs, written into `gin` (each defined, the inputs' shapes; the
-// previous write weights' only without usage_write_grad... zeros), from those of the seven outputs
+// Gradients of the seven inputs, written into `gin` (each defined, of the inputs' shapes; the
+// previous write weights' are zeros without usage_write_grad), from those of the seven outputs
 // `gout` (undefined: zero), the inputs, the outputs and the slabs the forward kept. Rows whose
-// `active` flag is 0 are skipped (their gradients are zero).
+// `active` flag is 0 get zeros (a finished example's step is not differentiated).
 void backward_into(const Dims& d, const tensor_list& t, const tensor_list& out,
                    const Tensor& slabs, const Tensor& orders, const tensor_list& gout,
                    const tensor_list& gin, const uint8_t* active) {
