@@ -136,9 +136,10 @@ class _PytorchDNC(nn.Module):
 
 
 def pytorch_dnc_available() -> bool:
-    """Whether ixaxaar's ``pytorch-dnc`` (the ``dnc`` package) is importable."""
+    """Whether ixaxaar's ``pytorch-dnc`` (the ``dnc`` package) is importable (its class, not
+    just a folder named ``dnc`` on the path, such as a checkout's ``tests/dnc``)."""
     try:
-        import dnc  # noqa: F401
+        from dnc import DNC  # noqa: F401
     except ImportError:
         return False
     return True
