@@ -20,7 +20,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 import relmem.cores.dnc.fused as fused_module
 from relmem import DNC, DNCCell, MemoryControllerLayer
 from relmem.cores.dnc.controller import Controller
-from relmem.cores.dnc.dnc import fused_recurrence
+from relmem.cores.dnc.dnc import fused_recurrence, sequence_weights
 from relmem.cores.dnc.memory import DNCMemory, DNCMemoryState
 
 f64 = torch.float64
@@ -391,8 +391,7 @@ def _sequence_args(lstm: bool, layers: int, link: str, seed: int = 0):
 )
 def test_the_sequence_operator_passes_gradcheck(lstm, layers, link, clip, forget_bias) -> None:
     memory, controller, state, controller_state = _sequence_args(lstm, layers, link)
-    weights = [w.detach().clone() for cell in controller.cells for w in cell.parameters()]
-    weights += [memory.interface.weight.detach().clone(), memory.interface.bias.detach().clone()]
+    weights = [w.detach().clone() for w in sequence_weights(memory, controller)]
     x = torch.randn(3, 2, 4, dtype=f64)
     lengths = torch.tensor([3, 1])
     fields = [state.memory, state.usage, state.link, state.precedence, state.read_weights,
@@ -469,8 +468,7 @@ def test_inference_runs_the_sequence_in_two_state_slots_with_the_same_numbers() 
 
 def test_the_sequence_names_a_bad_argument() -> None:
     memory, controller, state, controller_state = _sequence_args(True, 1, "dense")
-    weights = [w for cell in controller.cells for w in cell.parameters()]
-    weights += [memory.interface.weight, memory.interface.bias]
+    weights = sequence_weights(memory, controller)
     fields = list(state)[:7]
     args = {"lstm": True, "layers": 1, "forget_bias": 0.0, "clip": 0.0, "deepmind": False,
                 "usage_write_grad": False, "interface_clip": 0.0, "eps": 1e-6}  # fmt: skip

@@ -15,7 +15,6 @@ Implementations, all timed side by side in one process (:func:`run_dnc_config`):
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -26,7 +25,7 @@ from torch import Tensor, nn
 from relmem.benchmarking.baselines import lstm_hidden_for_params
 from relmem.benchmarking.configs import FLOOR, PYTORCH_DNC
 from relmem.benchmarking.report import progress_row
-from relmem.benchmarking.timing import bench_interleaved, drop_grads, saved_bytes, timed_passes
+from relmem.benchmarking.timing import builds, time_modules
 from relmem.cores.dnc import DNC, MemoryControllerLayer
 from relmem.cores.dnc.fused import load_dnc_ops
 from relmem.cores.dnc.memory import interface_layout
@@ -247,14 +246,9 @@ def implementations(
     torch.manual_seed(0)
     reference = _build(config, "reference", device)
     impls: dict[str, nn.Module] = {"reference": reference}
-    if not only or "fused" in only:
-        try:
-            load_dnc_ops()
-        except RuntimeError as error:
-            print(f"relmem bench: skipping 'fused': {error}", file=sys.stderr, flush=True)
-        else:
-            impls["fused"] = _build(config, "fused", device)
-            impls["fused"].load_state_dict(reference.state_dict())
+    if (not only or "fused" in only) and builds(load_dnc_ops):
+        impls["fused"] = _build(config, "fused", device)
+        impls["fused"].load_state_dict(reference.state_dict())
     params = sum(p.numel() for p in reference.parameters())
     x = config.input_size
     impls["lstm-params"] = nn.LSTM(x, lstm_hidden_for_params(x, params), device=device)
@@ -282,20 +276,13 @@ def run_dnc_config(
     selected = {k: v for k, v in impls.items() if not only or k in only}
     torch.manual_seed(1)
     inputs = torch.randn(steps, batch, config.input_size, device=device)
-    passes = {impl: timed_passes(module, inputs) for impl, module in selected.items()}
-    if not only or FLOOR in only:
-        passes[FLOOR] = dnc_floor_passes(config, steps, batch, device)
-    timings = bench_interleaved(
-        passes, steps, batch, device, warmup, repeat, reset=lambda n: drop_grads(selected.get(n))
+    floor = (
+        {FLOOR: dnc_floor_passes(config, steps, batch, device)} if not only or FLOOR in only else {}
     )
-    if device.type == "cpu":
-        for impl, module in selected.items():
-            timings[impl]["train"]["saved_activation_bytes"] = saved_bytes(
-                lambda module=module: module(inputs)
-            )
+    timings = time_modules(selected, inputs, floor, device, warmup, repeat)
     reference_params = sum(p.numel() for p in impls["reference"].parameters())
     records = []
-    for impl in passes:
+    for impl in timings:
         module = selected.get(impl)
         record = {
             "core": "dnc",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Collection
 from typing import Any
 
@@ -18,7 +17,7 @@ from relmem.benchmarking.baselines import (
 from relmem.benchmarking.configs import CONFIGS, FLOOR, PORT, BenchConfig
 from relmem.benchmarking.port import PortCore, port_arguments
 from relmem.benchmarking.report import progress_row
-from relmem.benchmarking.timing import bench_interleaved, drop_grads, saved_bytes, timed_passes
+from relmem.benchmarking.timing import builds, time_modules
 from relmem.cores.rmc import (
     FastRelationalMemory,
     RelationalMemory,
@@ -29,14 +28,8 @@ from relmem.cores.rmc.fused import load_fused_ops
 
 
 def _fused_available() -> bool:
-    """Whether the fused step's operators build here; if not, say why on stderr (the bench
-    then times everything else)."""
-    try:
-        load_fused_ops()
-    except RuntimeError as error:
-        print(f"relmem bench: skipping 'fused': {error}", file=sys.stderr, flush=True)
-        return False
-    return True
+    """Whether the RMC's fused operators build here (:func:`builds`)."""
+    return builds(load_fused_ops)
 
 
 def implementations(
@@ -106,7 +99,7 @@ def run_config(
         warmup, repeat: untimed and timed runs per implementation and pass.
 
     Returns:
-        Records with the shape, parameter counts, timings (see :func:`bench_interleaved`), the
+        Records with the shape, parameter counts, timings (see :func:`time_modules`), the
         FLOP model and, for fast paths, the equivalences used. Each is also printed as a row.
     """
     config = CONFIGS[name]
@@ -118,25 +111,14 @@ def run_config(
     rmc_config = impls["reference"].config
     rmc_params = sum(p.numel() for p in impls["reference"].parameters())
     selected = {k: v for k, v in impls.items() if not only or k in only}
-    passes = {impl: timed_passes(module, inputs) for impl, module in selected.items()}
-    if not only or FLOOR in only:
-        passes[FLOOR] = matmul_floor_passes(rmc_config, steps, batch, device)
-    timings = bench_interleaved(
-        passes,
-        steps,
-        batch,
-        device,
-        warmup,
-        repeat,
-        reset=lambda name: drop_grads(selected.get(name)),
+    floor = (
+        {}
+        if only and FLOOR not in only
+        else {FLOOR: matmul_floor_passes(rmc_config, steps, batch, device)}
     )
-    if device.type == "cpu":
-        for impl, module in selected.items():
-            timings[impl]["train"]["saved_activation_bytes"] = saved_bytes(
-                lambda module=module: module(inputs)
-            )
+    timings = time_modules(selected, inputs, floor, device, warmup, repeat)
     records = []
-    for impl in passes:
+    for impl in timings:
         module = selected.get(impl)
         parameters = rmc_params if module is None else sum(p.numel() for p in module.parameters())
         record = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -111,3 +112,43 @@ def bench_interleaved(
             if name in peaks:
                 results[name][kind]["peak_memory_bytes"] = peaks[name]
     return results
+
+
+def builds(load: Callable[[], None]) -> bool:
+    """Whether ``load()`` (a fused path's operator build) succeeds here; if not, say why on
+    stderr: the bench then times everything else."""
+    try:
+        load()
+    except RuntimeError as error:
+        print(f"relmem bench: skipping 'fused': {error}", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
+def time_modules(
+    modules: dict[str, nn.Module],
+    inputs: Tensor,
+    extra: dict[str, dict[str, Callable[[], None]]],
+    device: torch.device,
+    warmup: int,
+    repeat: int,
+) -> dict[str, dict[str, Any]]:
+    """:func:`bench_interleaved` of each module's :func:`timed_passes` on ``inputs [T, B, F]``
+    and of the ``extra`` passes (a matmul floor), each module's gradients dropped before its
+    warm-up; on the CPU each module's :func:`saved_bytes` is added to its ``train`` timing.
+
+    Returns:
+        Per name, modules' first then ``extra``'s, the timings of :func:`bench_interleaved`.
+    """
+    passes = {name: timed_passes(module, inputs) for name, module in modules.items()}
+    passes.update(extra)
+    steps, batch = inputs.shape[0], inputs.shape[1]
+    timings = bench_interleaved(
+        passes, steps, batch, device, warmup, repeat, reset=lambda n: drop_grads(modules.get(n))
+    )
+    if device.type == "cpu":
+        for name, module in modules.items():
+            timings[name]["train"]["saved_activation_bytes"] = saved_bytes(
+                lambda module=module: module(inputs)
+            )
+    return timings

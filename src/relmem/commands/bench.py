@@ -226,29 +226,18 @@ def main(argv: list[str]) -> int:
     )
     print(progress_header())
     records = []
+    common = {
+        "steps": args.steps,
+        "batch": args.batch,
+        "only": args.only,
+        "warmup": args.warmup,
+        "repeat": args.repeat,
+    }
     for name in configs:
         if args.core == "dnc":
-            records += run_dnc_config(
-                name,
-                device,
-                steps=args.steps,
-                batch=args.batch,
-                only=args.only,
-                warmup=args.warmup,
-                repeat=args.repeat,
-            )
-            continue
-        records += run_config(
-            name,
-            device,
-            steps=args.steps,
-            batch=args.batch,
-            only=args.only,
-            compile_step=args.compile,
-            port=port,
-            warmup=args.warmup,
-            repeat=args.repeat,
-        )
+            records += run_dnc_config(name, device, **common)
+        else:
+            records += run_config(name, device, compile_step=args.compile, port=port, **common)
     table = summary(records)
     print("\n" + table)
     payload = {

@@ -100,6 +100,17 @@ def fused_recurrence_ok(memory: DNCMemory, x: Tensor, state: DNCState) -> bool:
     return memory.runs_fused(x)
 
 
+def sequence_weights(memory: DNCMemory, controller: Controller) -> list[Tensor]:
+    """The weights :func:`relmem.cores.dnc.fused.sequence` takes, in its order: per controller
+    layer ``weight_ih, weight_hh, bias_ih, bias_hh``, then the interface's weight and bias."""
+    assert memory.interface is not None
+    weights: list[Tensor] = []
+    for cell in controller.cells:
+        rnn = cast(nn.RNNCellBase, cell)
+        weights += [rnn.weight_ih, rnn.weight_hh, rnn.bias_ih, rnn.bias_hh]
+    return weights + [memory.interface.weight, memory.interface.bias]
+
+
 def fused_recurrence(
     memory: DNCMemory,
     controller: Controller,
@@ -116,28 +127,15 @@ def fused_recurrence(
         x: ``[T, B, X]``. state: the validated state. lengths: ``[B]`` or None.
 
     Returns:
-        ``(hiddens [T, B, L·Hc], reads [T, B, R·W], final state)``; as the reference loop,
-        a finished example's state is carried, its hiddens and reads are computed all the same.
+        ``(hiddens [T, B, L·Hc], reads [T, B, R·W], final state)``; a finished example's
+        state is carried and its hiddens and reads are zeros (``docs/dnc.md`` §17).
     """
-    assert memory.interface is not None
     lstm = controller.kind == "lstm"
     flat: list[Tensor] = []
     for entry in state.controller:
         flat += list(entry) if lstm else [entry]
-    weights: list[Tensor] = []
-    for cell in controller.cells:
-        rnn = cast(nn.RNNCellBase, cell)
-        weights += [rnn.weight_ih, rnn.weight_hh, rnn.bias_ih, rnn.bias_hh]
-    weights += [memory.interface.weight, memory.interface.bias]
-    fields = (
-        state.memory,
-        state.usage,
-        state.link,
-        state.precedence,
-        state.read_weights,
-        state.write_weights,
-        state.read_vectors,
-    )
+    weights = sequence_weights(memory, controller)
+    fields = state.memory_state[:7]  # every field but the sparse link's columns
     hiddens, reads, final_controller, final_memory = F.sequence(
         x,
         lengths,

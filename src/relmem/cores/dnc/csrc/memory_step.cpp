@@ -59,6 +59,17 @@ struct Dims {
 template <typename T>
 inline T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
 
+// torch.clamp to ±clip (0: none) and the set where it passes the gradient (the closed interval).
+template <typename T>
+inline bool inside(T x, double clip) {
+  return clip <= 0 || (x >= T(-clip) && x <= T(clip));
+}
+
+template <typename T>
+inline T clipped(T x, double clip) {
+  return clip > 0 ? std::min(std::max(x, T(-clip)), T(clip)) : x;
+}
+
 template <typename T>
 inline T softplus(T x) { return x > T(20) ? x : std::log1p(std::exp(x)); }
 
@@ -220,11 +231,7 @@ void step_forward(const Dims& d, const Inputs<T>& in, Scratch<T>& s) {
   const int64_t N = d.N, W = d.W, R = d.R, Wh = d.Wh, P = d.P;
   const T eps = T(d.eps);
   // 3. the interface, clipped and squashed
-  for (int64_t i = 0; i < d.I; ++i) {
-    T x = in.xi[i];
-    if (d.clip > 0) x = std::min(std::max(x, T(-d.clip)), T(d.clip));
-    s.xc[i] = x;
-  }
+  for (int64_t i = 0; i < d.I; ++i) s.xc[i] = clipped(in.xi[i], d.clip);
   const T* xc = s.xc.data();
   const T base = d.deepmind ? T(0) : T(1);  // oneplus = 1 + softplus
   for (int64_t r = 0; r < R; ++r) {
@@ -617,11 +624,7 @@ void step_backward(const Dims& d, const Inputs<T>& in, const Scratch<T>& s, cons
       }
     }
   }
-  for (int64_t i = 0; i < d.I; ++i) {
-    const T x = in.xi[i];
-    const bool inside = d.clip <= 0 || (x >= T(-d.clip) && x <= T(d.clip));
-    g.xi[i] = inside ? gx[i] : T(0);
-  }
+  for (int64_t i = 0; i < d.I; ++i) g.xi[i] = inside(in.xi[i], d.clip) ? gx[i] : T(0);
 }
 
 // ---------------------------------------------------------------- the operator
@@ -900,16 +903,6 @@ struct Seq {
   int64_t slot(int64_t t) const { return save ? t : t % 2; }
   int64_t step(int64_t t) const { return save ? t : 0; }
 };
-
-template <typename T>
-inline bool inside(T x, double clip) {
-  return clip <= 0 || (x >= T(-clip) && x <= T(clip));
-}
-
-template <typename T>
-inline T clipped(T x, double clip) {
-  return clip > 0 ? std::min(std::max(x, T(-clip)), T(clip)) : x;
-}
 
 // Everything the loop keeps. Per layer: the carried h (and c) over slots [S, B, H], the gate
 // activations [steps, B, 4H] (LSTM i f g o; GRU r z n and W_hn h + b_hn), the pre-clip values
