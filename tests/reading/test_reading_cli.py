@@ -26,12 +26,13 @@ def test_train_eval_and_answer(squad_dir: Path, tmp_path: Path, capsys, model: s
     assert cli.main(["eval", str(run)]) == 0
     out = capsys.readouterr().out
     assert "official scores" in out and "0-99 tokens" in out
-    predictions = json.loads((run / "predictions.json").read_text())
+    predictions = json.loads((run / "eval-predictions-held-out.json").read_text())
     ids = {q["id"] for a in json.loads((squad_dir / "dev-v1.1.json").read_text())["data"]
            for p in a["paragraphs"] for q in p["qas"]}  # fmt: skip
     assert set(predictions) == ids and all(isinstance(v, str) for v in predictions.values())
     record = json.loads((run / "eval.json").read_text())
     assert record["official"]["all"]["total"] == len(ids)
+    assert record["predictions"] == "eval-predictions-held-out.json"
     # the official F1 of the predictions file equals the trainer's held-out F1
     assert record["official"]["all"]["f1"] == pytest.approx(100 * record["f1"])
     context = squad_dir / "notes.txt"

@@ -52,11 +52,13 @@ def tiny(tmp_path: Path):
 def tiny_copy_config(out_dir: Path, **overrides: Any) -> TrainConfig:
     """deepmind's repeat copy (4 bits, length 1-2, repeats 1-2), a small DNC, batch 16.
 
-    :func:`tiny_config`'s budget and models (the head is unused on a per-step task).
+    :func:`tiny_config`'s budget and models, but the default head (a per-step task has no MLP
+    head, and a new run refuses the option then).
     """
     copy_settings = {
         "task": RepeatCopyConfig(test_size=64),
         "model": "dnc",
+        "head": HeadConfig(),
         "lstm": LSTMModelConfig(hidden_size=32),
         "optim": OptimConfig(lr=1e-2, grad_clip=50.0),
         "batch_size": 16,

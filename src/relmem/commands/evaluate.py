@@ -33,6 +33,8 @@ from relmem.train.distributed import resolve_device
 from relmem.train.evaluation import evaluate
 from relmem.train.runs import MAX_PARAMETERS, load_run_config, load_trained, write_json
 
+PREDICTIONS_INFIX = "-predictions-"  # in RECORD-predictions-DATA.json (_predictions_path)
+
 
 @dataclass
 class EvalArgs:
@@ -45,7 +47,9 @@ class EvalArgs:
         device: auto, cpu, cuda or mps.
         test_size: held-out sequences of a supervised run (None: the run's own setting; an RL
             run refuses it).
-        json_out: where to write the result (None: ``RUN_DIR/eval.json``).
+        json_out: where to write the result (None: ``RUN_DIR/eval.json``); a task's official
+            predictions go beside it, ``RECORD-predictions-DATA.json`` (``DATA``: ``held-out``,
+            or the stem of ``--data``'s file).
         max_parameters: refuse to build a model larger than this (a config.json from
             elsewhere cannot make the command allocate without bound).
         episodes: test episodes of an RL run, at least 2 (its levels are seeded by the run's
@@ -127,20 +131,23 @@ def main(argv: list[str]) -> int:
         print(f"by {task.group_name}{where}:")
     for group, value in sorted(groups.items()):
         print(f"  {task.group_label(group):28s} {metric.format(value):>8s}")
+    predictions = _predictions_path(args)
     if official is not None:
         _print_official(official)
+        if predictions.exists():
+            print(f"relmem eval: replacing {predictions} (predictions on the same data)")
         try:
-            write_json(_record_path(args).with_name("predictions.json"), answers)
+            write_json(predictions, answers)
         except OSError as exc:
-            return _error(f"predictions.json beside {_record_path(args)}: {exc.strerror or exc}")
-        print(f"written {_record_path(args).with_name('predictions.json')}")
+            return _error(f"{predictions} (the predictions): {exc.strerror or exc}")
+        print(f"written {predictions}")
     fields = {
         "metric": metric.name,
         "group_name": task.group_name,
         **result,
         **({} if breakdown is None else {"breakdown": breakdown}),
         **({"more_held_out": more} if more else {}),
-        **({"official": official} if official is not None else {}),
+        **({} if official is None else {"official": official, "predictions": predictions.name}),
     }
     return _write_record(args, task_name, config.model, ckpt, step, fields)
 
@@ -219,13 +226,29 @@ def _record_path(args: EvalArgs) -> Path:
     return args.json_out or Path(args.run_dir) / "eval.json"
 
 
+def _predictions_path(args: EvalArgs) -> Path:
+    """Where a task's official predictions go: beside the record, named after it and the data
+    evaluated (``eval-predictions-held-out.json``, ``eval-predictions-FILE.json`` for ``--data
+    FILE.json``), so that an evaluation on other data keeps the earlier one's."""
+    out = _record_path(args)
+    data = "held-out" if args.data is None else args.data.stem
+    return out.with_name(f"{out.stem}{PREDICTIONS_INFIX}{data}.json")
+
+
 def _check_record_path(args: EvalArgs) -> None:
-    """Refuse a record path that cannot be written, before the evaluation runs.
+    """Refuse a record path that cannot be written, or that an evaluation's predictions file
+    is named like, before the evaluation runs.
 
     Raises:
-        ValueError: its folder is missing or not writable (naming ``--json-out``).
+        ValueError: its folder is missing or not writable, or it is named like a predictions
+            file (naming ``--json-out``).
     """
     out = _record_path(args)
+    if PREDICTIONS_INFIX in out.name:
+        raise ValueError(
+            f"--json-out {out}: files named RECORD{PREDICTIONS_INFIX}DATA.json hold "
+            "evaluations' predictions, and the record would overwrite one; name it otherwise"
+        )
     if args.json_out is None and not out.parent.is_dir():
         return  # no run directory: reading the run says so
     if not out.parent.is_dir():

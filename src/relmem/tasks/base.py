@@ -24,6 +24,7 @@ subclassing :class:`Task` and registering a builder (:mod:`relmem.tasks.registry
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from relmem.models.registry import get_model
 from relmem.models.spec import TaskSpec
 
 __all__ = [
@@ -49,6 +51,21 @@ __all__ = [
 ]
 
 _MASK64 = (1 << 64) - 1
+
+# The heads that read the training config's ``head`` section (relmem.models.heads: the MLPs);
+# the others are one linear map per step ('per_step') or a task's own ('lm_softmax').
+HEADS_WITH_OPTIONS = ("last", "per_step_mlp")
+# What an architecture that builds a core itself reads of the core's section, by architecture
+# and core, and why no more (relmem.models.reader builds its DNC as MemoryControllerLayer).
+ARCHITECTURE_READS = {
+    "reader": {
+        "dnc": (
+            ("memory_size", "word_size", "num_read_heads"),
+            "its memory controller has one GRU layer as wide as the document, one write head "
+            "and no clipping",
+        )
+    }
+}
 
 
 def _splitmix64(x: int) -> int:
@@ -383,6 +400,32 @@ class Task(ABC):
         if state:
             raise ValueError(f"{type(self).__name__} keeps no state; got keys {sorted(state)}")
 
+    def unused_options(self, model: str) -> dict[str, str]:
+        """The training config's model options that this task's model, with the core
+        ``model``, never reads, each with why: a section (``'head'``) or one option of the
+        core's section (``'dnc.num_write_heads'``). ``relmem train`` refuses a value other than
+        the default for them, which would be accepted and change nothing.
+
+        By default: ``head`` unless ``spec.output`` is an MLP head of the usual shape (no
+        architecture of its own), and the options of the core's section that an architecture
+        building the core itself does not read (:data:`ARCHITECTURE_READS`).
+        """
+        spec, unused = self.spec, {}
+        if spec.architecture is not None or spec.output not in HEADS_WITH_OPTIONS:
+            built = f" of the {spec.architecture} architecture" if spec.architecture else ""
+            unused["head"] = (
+                f"this task's model has no MLP head (its output is the {spec.output!r} head{built})"
+            )
+        declared = ARCHITECTURE_READS.get(spec.architecture or "", {}).get(model)
+        if declared is not None:
+            reads, reason = declared
+            shown = ", ".join(f"--{model}.{name.replace('_', '-')}" for name in reads)
+            why = f"the {spec.architecture} reads only {shown} of --model {model} ({reason})"
+            for option in dataclasses.fields(get_model(model).config_cls):
+                if option.name not in reads:
+                    unused[f"{model}.{option.name}"] = why
+        return unused
+
     def data_identity(self) -> dict[str, Any]:
         """What trained weights depend on beyond the config, as JSON values: a corpus's
         vocabulary, through which ids mean words. A run records it in ``data.json`` when it
@@ -401,8 +444,9 @@ class Task(ABC):
 
     def predictions(self, model: torch.nn.Module, batch: Batch) -> dict[str, Any] | None:
         """``model``'s outputs on ``batch`` in the task's official predictions format (a
-        reading task's ``{question id: answer text}``), which ``relmem eval`` writes to
-        ``predictions.json``; None (the default): the task has no such format."""
+        reading task's ``{question id: answer text}``), which ``relmem eval`` writes beside its
+        record (``eval-predictions-held-out.json``); None (the default): the task has no such
+        format."""
         return None
 
     def report(self, predictions: dict[str, Any], batch: Batch) -> dict[str, dict[str, float]]:

@@ -6,7 +6,8 @@ Layout under a run directory::
       step-00001000/
         model.safetensors   # the unwrapped module's weights (safetensors.torch.save_model)
         train_state.pt      # optimizer, scheduler, step, RNG states, counters (plain tensors)
-        meta.json           # step and the SHA-256 of both files, written last
+        meta.json           # step, the SHA-256 of both files and the task's data identity
+                            # (what the weights read through, a vocabulary), written last
       latest                # text file: the name of the newest complete checkpoint
       best/                 # optional: the weights with the best held-out metric, written
                             # like a checkpoint; its train_state.pt holds only the step and the
@@ -35,6 +36,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
+from relmem.files import MiB, read_json
 from relmem.train import faults
 
 CHECKPOINT_DIR = "checkpoints"
@@ -44,6 +46,8 @@ META_FILE = "meta.json"
 LATEST_FILE = "latest"
 BEST_NAME = "best"
 FORMAT_VERSION = 1
+DATA_IDENTITY_KEY = "data_identity"  # meta.json's record of Task.data_identity (absent before)
+MAX_META_BYTES = 16 * MiB  # meta.json: well under a kilobyte without a data identity
 
 
 class CheckpointError(RuntimeError):
@@ -119,7 +123,12 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, model: nn.Module, train_state: dict[str, Any], keep: int = 2
+    run_dir: Path,
+    step: int,
+    model: nn.Module,
+    train_state: dict[str, Any],
+    data_identity: dict[str, Any],
+    keep: int = 2,
 ) -> Path:
     """Write the checkpoint for ``step`` atomically and prune old ones.
 
@@ -128,13 +137,15 @@ def save_checkpoint(
         step: optimiser steps taken so far.
         model: the model (wrappers are removed; the plain module's weights are saved).
         train_state: a dict of tensors, numbers, strings, lists and dicts (``weights_only``).
+        data_identity: the task's :meth:`~relmem.tasks.base.Task.data_identity`, recorded in
+            ``meta.json`` (:func:`recorded_data_identity`).
         keep: complete checkpoints to keep, newest first.
 
     Returns:
         The checkpoint directory.
     """
     root = Path(run_dir) / CHECKPOINT_DIR
-    final = _write_checkpoint(root / checkpoint_name(step), step, model, train_state)
+    final = _write_checkpoint(root / checkpoint_name(step), step, model, train_state, data_identity)
     faults.kill_if_armed("checkpoint-rename", step)
     _write_text_atomic(root / LATEST_FILE, final.name + "\n")
     for old in list_checkpoints(run_dir)[:-keep]:
@@ -181,10 +192,18 @@ def set_aside_newer(run_dir: Path, step: int) -> Path | None:
     return folder
 
 
-def save_best(run_dir: Path, step: int, model: nn.Module, record: dict[str, Any]) -> Path:
+def save_best(
+    run_dir: Path,
+    step: int,
+    model: nn.Module,
+    record: dict[str, Any],
+    data_identity: dict[str, Any],
+) -> Path:
     """Write ``model``'s weights as ``checkpoints/best`` atomically (replacing the previous
-    one), with ``record`` (the step and the metric) as its training state."""
-    return _write_checkpoint(Path(run_dir) / CHECKPOINT_DIR / BEST_NAME, step, model, record)
+    one), with ``record`` (the step and the metric) as its training state and
+    ``data_identity`` in its ``meta.json`` (as :func:`save_checkpoint`)."""
+    best = Path(run_dir) / CHECKPOINT_DIR / BEST_NAME
+    return _write_checkpoint(best, step, model, record, data_identity)
 
 
 def best_checkpoint(run_dir: Path) -> Path | None:
@@ -198,9 +217,14 @@ def best_checkpoint(run_dir: Path) -> Path | None:
 
 
 def _write_checkpoint(
-    final: Path, step: int, model: nn.Module, train_state: dict[str, Any]
+    final: Path,
+    step: int,
+    model: nn.Module,
+    train_state: dict[str, Any],
+    data_identity: dict[str, Any],
 ) -> Path:
-    """Stage, fsync and rename a checkpoint directory into place at ``final``.
+    """Stage, fsync and rename a checkpoint directory into place at ``final``, its
+    ``meta.json`` recording ``data_identity``.
 
     A directory already at ``final`` (``best``, or the same step saved again after a signal)
     is renamed aside before the staged one takes its place and deleted after, so that a kill
@@ -226,6 +250,7 @@ def _write_checkpoint(
             "format_version": FORMAT_VERSION,
             "step": step,
             "sha256": {name: _sha256(staging / name) for name in (MODEL_FILE, STATE_FILE)},
+            DATA_IDENTITY_KEY: data_identity,
         }
         file = staging / META_FILE
         file.write_text(json.dumps(meta, indent=2))
@@ -437,6 +462,29 @@ def verify_checkpoint(
         else:
             hint = "No earlier intact checkpoint exists."
         raise CheckpointError(f"{damage}. {hint}", older) from damage.__cause__
+
+
+def recorded_data_identity(ckpt: Path) -> dict[str, Any] | None:
+    """The data identity ``ckpt``'s ``meta.json`` records (:func:`save_checkpoint`), or None
+    for a checkpoint written before checkpoints recorded it.
+
+    Raises:
+        CheckpointError: ``meta.json`` cannot be read, or its record is not a JSON object.
+    """
+    meta_path = ckpt / META_FILE
+    try:
+        meta = read_json(meta_path, MAX_META_BYTES)
+    except ValueError as exc:  # FileRefused: naming the file and why
+        raise CheckpointError(f"checkpoint metadata {exc}") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{meta_path} must hold a JSON object; the file is damaged")
+    identity = meta.get(DATA_IDENTITY_KEY)
+    if identity is not None and not isinstance(identity, dict):
+        raise CheckpointError(
+            f"{meta_path}: {DATA_IDENTITY_KEY} must be a JSON object, got "
+            f"{type(identity).__name__}; the file is damaged"
+        )
+    return identity
 
 
 def load_weights(

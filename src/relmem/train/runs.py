@@ -9,6 +9,7 @@ only for tasks that have such data), ``metrics.jsonl``, ``tb/``, ``checkpoints/`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -77,6 +78,29 @@ def check_model_size(
             f"--max-parameters {max_parameters:,}; pass a larger --max-parameters to build it"
         )
     return count
+
+
+def check_options_read(config: TrainConfig, task: Task) -> None:
+    """Refuse a value other than the default for an option that ``config``'s model for
+    ``task`` never reads (:meth:`~relmem.tasks.base.Task.unused_options`): given on the
+    command line, it would be accepted and change nothing.
+
+    Raises:
+        ValueError: naming the first such option, its value and why it is not read.
+    """
+    for name, reason in task.unused_options(config.model).items():
+        section, _, only = name.partition(".")
+        given = getattr(config, section)
+        default = type(given)()
+        for option in dataclasses.fields(given):
+            value = getattr(given, option.name)
+            if (only or option.name) != option.name or value == getattr(default, option.name):
+                continue
+            shown = " ".join(map(str, value)) if isinstance(value, tuple) else value
+            raise ValueError(
+                f"--{section}.{option.name.replace('_', '-')} {shown}: {reason}, so the option "
+                "would change nothing; leave it out"
+            )
 
 
 def build_model(config: TrainConfig, task: Task) -> nn.Module:
@@ -273,6 +297,37 @@ def check_data_identity(run_dir: Path, task: Task) -> None:
     )
 
 
+def check_checkpoint_data(run_dir: Path, ckpt: Path, task: Task) -> None:
+    """Refuse ``ckpt``'s weights for ``run_dir``'s ``task`` when they were trained on other
+    data: the data identity its ``meta.json`` records differs from the task's
+    (:meth:`~relmem.tasks.base.Task.data_identity`), or, for a checkpoint written before
+    checkpoints recorded it, the task has data and it is not one of ``run_dir``'s own (whose
+    data ``data.json`` vouches for). A checkpoint of another run trained on a file of the
+    same sizes loads without a shape error, and reads the run's ids as other words.
+
+    Raises:
+        ValueError: naming the checkpoint, the run and how to evaluate the checkpoint.
+        CheckpointError: its ``meta.json`` cannot be read.
+    """
+    recorded, now = ckpt_io.recorded_data_identity(ckpt), task.data_identity()
+    own = ckpt.resolve().parent == (Path(run_dir) / ckpt_io.CHECKPOINT_DIR).resolve()
+    if recorded == now or (recorded is None and (own or not now)):
+        return
+    if recorded is None:
+        why = (
+            "was written before checkpoints recorded their data, and is not one of the run's "
+            "own, so it may have been trained on other data"
+        )
+    else:
+        differing = sorted(k for k in set(recorded) | set(now) if recorded.get(k) != now.get(k))
+        why = f"was trained on other data (its {', '.join(differing)} differ from the run's)"
+    raise ValueError(
+        f"--checkpoint {ckpt} {why}: its weights would read {run_dir}'s data wrongly (a "
+        "vocabulary's ids would name other words); pass the run it belongs to instead "
+        f"({ckpt.parent.parent})"
+    )
+
+
 def trained_config(run_dir: Path, ckpt: Path) -> dict[str, Any] | None:
     """The config a run's checkpoint was trained with (``config_to_dict``'s form, with the
     ``task_name``): from ``ckpt``'s training state, else (``checkpoints/best`` of a run before
@@ -399,6 +454,7 @@ def load_trained(
             print(f"relmem: warning: {note}", file=sys.stderr)
     else:
         ckpt = ckpt_io.resolve_checkpoint(checkpoint)
+    check_checkpoint_data(run_dir, ckpt, task)
     check_model_unchanged(
         trained_config(run_dir, ckpt),
         {"task_name": task_name, **config_to_dict(config)},

@@ -49,6 +49,7 @@ from relmem.train.runs import (
     check_data_identity,
     check_model_size,
     check_model_unchanged,
+    check_options_read,
     new_run_dir,
     occupied,
     read_invocations,
@@ -209,8 +210,10 @@ class Trainer:
             bound; :func:`~relmem.train.runs.check_model_size`).
 
     Raises:
-        ValueError: a setting does not fit the machine (bf16 off CUDA, indivisible batch), the
-            model is over ``max_parameters``, or ``steps`` is below a resumed checkpoint's step.
+        ValueError: a setting does not fit the machine (bf16 off CUDA, indivisible batch), a
+            new run sets an option its model never reads
+            (:func:`~relmem.train.runs.check_options_read`), the model is over
+            ``max_parameters``, or ``steps`` is below a resumed checkpoint's step.
         CheckpointError: ``config.resume`` names a damaged or missing checkpoint.
     """
 
@@ -245,6 +248,9 @@ class Trainer:
         saved = None if resume is None else ckpt_io.load_train_state(resume)
         self.task = get_task(task_name).build(config.task)
         self.metric = self.task.metric
+        self.data_identity = self.task.data_identity()  # what every checkpoint records
+        if resume is None and get_task(task_name).trainer is None:  # an agent checks its own
+            check_options_read(config, self.task)
         if max_parameters is not None:
             self.check_size(max_parameters)
         self.run_dir = (
@@ -622,6 +628,7 @@ class Trainer:
                 progress.step,
                 self.model,
                 train_state,
+                self.data_identity,
                 keep=self.config.keep_checkpoints,
             )
         barrier(self.info)
@@ -669,7 +676,9 @@ class Trainer:
                 f"held_out_{self.metric.name}": self.progress.best_held_out,
                 "config": json.dumps(self.config_dict),  # what eval compares config.json with
             }
-            ckpt_io.save_best(self.run_dir, self.progress.step, self.model, record)
+            ckpt_io.save_best(
+                self.run_dir, self.progress.step, self.model, record, self.data_identity
+            )
         barrier(self.info)
 
     def summary(

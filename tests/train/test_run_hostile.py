@@ -1,0 +1,190 @@
+"""Hostile use of runs (issue 43): each misuse ends in one line on stderr that names the file or
+the option and the fix, exit status 2, and nothing written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from relmem import cli
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "squad"
+
+# the reading tests' tiny reader (tests/reading/reading_sample.py), trained in seconds
+TINY_READER = [
+    "--task.word-size", "16", "--task.char-embedding", "4", "--task.char-channels", "8",
+    "--task.hidden-size", "8", "--task.attention-window", "16", "--task.min-char-count", "1",
+    "--dnc.memory-size", "4", "--dnc.word-size", "4", "--dnc.num-read-heads", "1",
+]  # fmt: skip
+NTH_FARTHEST = [
+    "train", "nth-farthest", "--device", "cpu", "--cpu-threads", "1", "--steps", "2",
+    "--batch-size", "8", "--eval-every", "2", "--checkpoint-every", "2", "--eval-batch", "8",
+    "--task.test-size", "8", "--task.num-objects", "4", "--task.num-features", "4",
+    "--rmc.mem-slots", "2", "--rmc.num-heads", "1", "--rmc.head-size", "4",
+    "--head.hidden-sizes", "8", "--no-tensorboard",
+]  # fmt: skip
+
+
+def squad_folder(folder: Path, train: str = "sample-v1.1.json") -> Path:
+    """``folder`` holding the sample as ``train-v1.1.json`` (``train`` of the sample files)
+    and ``dev-v1.1.json``."""
+    folder.mkdir(parents=True)
+    shutil.copy(SAMPLE / train, folder / "train-v1.1.json")
+    shutil.copy(SAMPLE / "sample-v1.1.json", folder / "dev-v1.1.json")
+    return folder
+
+
+def squad_args(data: Path, out: Path, name: str, *extra: str) -> list[str]:
+    """``relmem train squad`` of the tiny reader on ``data`` for 2 steps."""
+    return [
+        "train", "squad", "--data-dir", str(data), "--device", "cpu", "--cpu-threads", "1",
+        "--steps", "2", "--batch-size", "8", "--eval-every", "2", "--log-every", "2",
+        "--checkpoint-every", "2", "--out-dir", str(out), "--run-name", name,
+        "--no-tensorboard", *TINY_READER, *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def squad_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return squad_folder(tmp_path_factory.mktemp("data") / "squad")
+
+
+def refused(capsys: pytest.CaptureFixture[str], argv: list[str], *names: str) -> str:
+    """Run ``relmem argv``; check it exits 2 with one error line, its last on stderr (a task
+    may describe its data before), naming every one of ``names``; return the line."""
+    capsys.readouterr()
+    assert cli.main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in lines if ": error: " in line]
+    assert len(errors) == 1 and errors[0] == lines[-1], lines
+    for name in names:
+        assert name in errors[0], errors[0]
+    return errors[0]
+
+
+# 1. options the chosen task's model never reads
+
+
+@pytest.mark.parametrize(
+    ("extra", "names"),
+    [
+        (("--dnc.num-write-heads", "3"), ("--dnc.num-write-heads 3", "--dnc.memory-size")),
+        (("--dnc.hidden-size", "9"), ("--dnc.hidden-size 9", "leave it out")),
+        (("--dnc.clip-value", "5"), ("--dnc.clip-value 5.0",)),
+        (("--head.hidden-sizes", "7"), ("--head.hidden-sizes 7", "no MLP head")),
+        (("--model", "rmc", "--head.hidden-sizes", "7", "9"), ("--head.hidden-sizes 7 9",)),
+    ],
+    ids=["dnc-write-heads", "dnc-hidden-size", "dnc-clip", "head", "head-rmc"],
+)
+def test_train_refuses_an_option_the_reader_never_reads(
+    squad_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], extra, names
+) -> None:
+    refused(capsys, squad_args(squad_data, tmp_path, "run", *extra), *names)
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_refuses_a_head_on_a_per_step_task(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["train", "repeat-copy", "--device", "cpu", "--steps", "1", "--out-dir",
+            str(tmp_path), "--run-name", "run", "--head.hidden-sizes", "7"]  # fmt: skip
+    refused(capsys, argv, "--head.hidden-sizes 7", "'per_step'")
+    assert not (tmp_path / "run").exists()
+
+
+# 2. a checkpoint of another run, trained on another file of the same sizes
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory, squad_data: Path) -> tuple[Path, Path]:
+    """Two finished squad runs whose vocabularies have the same sizes and other ids: ``a`` on
+    the sample, ``b`` on the sample with its articles in reverse order."""
+    root = tmp_path_factory.mktemp("two")
+    other = squad_folder(root / "reversed")
+    sample = json.loads((other / "train-v1.1.json").read_text())
+    sample["data"].reverse()
+    (other / "train-v1.1.json").write_text(json.dumps(sample))
+    assert cli.main(squad_args(squad_data, root, "a")) == 0
+    assert cli.main(squad_args(other, root, "b")) == 0
+    identities = [json.loads((root / n / "data.json").read_text())["vocabulary"] for n in "ab"]
+    assert identities[0]["words"] == identities[1]["words"]
+    assert identities[0]["sha1"] != identities[1]["sha1"]
+    return root / "a", root / "b"
+
+
+def without_data_identity(run: Path, copy: Path) -> Path:
+    """A copy of ``run`` whose checkpoints predate the data identity in ``meta.json``."""
+    shutil.copytree(run, copy)
+    for meta in copy.glob("checkpoints/*/meta.json"):
+        record = json.loads(meta.read_text())
+        del record["data_identity"]
+        meta.write_text(json.dumps(record))
+    return copy
+
+
+def step_2(run: Path) -> Path:
+    return run / "checkpoints" / "step-00000002"
+
+
+@pytest.mark.parametrize("command", ["eval", "answer", "export"])
+def test_a_checkpoint_of_other_data_is_refused(
+    two_runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    a, b = two_runs
+    context = tmp_path / "context.txt"
+    context.write_text("Karl von Frisch decoded the dance.")
+    argv = {
+        "eval": ["eval", str(a), "--json-out", str(tmp_path / "eval.json")],
+        "answer": ["answer", str(a), "--context", str(context), "--question", "Who?"],
+        "export": ["export", str(a), str(tmp_path / "out")],
+    }[command]
+    refused(capsys, [*argv, "--checkpoint", str(step_2(b))], "--checkpoint", "other data", str(b))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["context.txt"]
+    # a checkpoint from before meta.json recorded the data: only the run's own is taken
+    old = without_data_identity(b, tmp_path / "b-old")
+    refused(capsys, [*argv, "--checkpoint", str(step_2(old))], "before checkpoints recorded")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b-old", "context.txt"]
+
+
+def test_a_runs_own_checkpoint_from_before_the_record_is_taken(
+    two_runs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    old = without_data_identity(two_runs[0], tmp_path / "a-old")
+    out = tmp_path / "eval.json"
+    assert (
+        cli.main(["eval", str(old), "--checkpoint", str(step_2(old)), "--json-out", str(out)]) == 0
+    )
+    assert cli.main(["eval", str(two_runs[0]), "--checkpoint", str(step_2(two_runs[0])),
+                     "--json-out", str(out)]) == 0  # fmt: skip
+
+
+# 3. a second evaluation on other data, or a record named like the predictions
+
+
+def test_evaluations_on_other_data_keep_each_others_predictions(
+    two_runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = shutil.copytree(two_runs[0], tmp_path / "run")
+    other = tmp_path / "other-dev.json"  # the sample's articles but its first
+    sample = json.loads((SAMPLE / "sample-v1.1.json").read_text())
+    other.write_text(json.dumps(sample | {"data": sample["data"][1:]}))
+    assert cli.main(["eval", str(run)]) == 0
+    assert cli.main(["eval", str(run), "--data", str(other)]) == 0
+    held_out = json.loads((run / "eval-predictions-held-out.json").read_text())
+    on_other = json.loads((run / "eval-predictions-other-dev.json").read_text())
+    assert held_out.keys() != on_other.keys()
+    record = json.loads((run / "eval.json").read_text())
+    assert record["predictions"] == "eval-predictions-other-dev.json"
+    out = tmp_path / "records" / "step-2.json"
+    out.parent.mkdir()
+    assert cli.main(["eval", str(run), "--json-out", str(out)]) == 0
+    assert (out.parent / "step-2-predictions-held-out.json").is_file()
+    # a record named like a predictions file would overwrite one
+    before = (run / "eval-predictions-held-out.json").read_bytes()
+    for name in ("eval-predictions-held-out.json", "x-predictions-y.json"):
+        refused(capsys, ["eval", str(run), "--json-out", str(run / name)], "--json-out", name)
+    assert (run / "eval-predictions-held-out.json").read_bytes() == before
+    assert not (run / "x-predictions-y.json").exists()
