@@ -107,15 +107,11 @@ def load_pretrained(
     """
     folder = _local_folder(path_or_repo_id, revision)
     limit = MAX_PARAMETERS if max_parameters is None else max_parameters
-    if not exported.is_exported(folder):
-        if (folder / exported.CONFIG_FILE).is_file():
-            raise exported.ExportError(
-                f"{folder} is a run directory, not an exported model: export it first "
-                f"(relmem export {folder} OUT_DIR)"
-            )
+    config_file = folder / exported.CONFIG_FILE  # not an export's: read_object says why
+    if not exported.is_exported(folder) and "format" not in exported.read_object(config_file):
         raise exported.ExportError(
-            f"{folder / exported.CONFIG_FILE} is missing or unreadable: {folder} is not a "
-            "folder written by relmem export"
+            f"{folder} is a run directory, not an exported model: export it first "
+            f"(relmem export {folder} OUT_DIR)"
         )
     config: RunConfig
     task_name, config = load_run_config(folder)
@@ -139,9 +135,10 @@ def load_pretrained(
 
         task = None
     check_model_size(config, task, limit, build)
+    vocabulary = exported.read_vocabulary(folder, spec)
     model = build(config, task).to(device)
     exported.load_weights(folder, model, device)
-    return Pretrained(model.eval(), exported.read_vocabulary(folder), task_name, config)
+    return Pretrained(model.eval(), vocabulary, task_name, config)
 
 
 def _local_folder(path_or_repo_id: str | os.PathLike[str], revision: str | None) -> Path:

@@ -22,7 +22,7 @@ import relmem
 from relmem import cli
 from relmem.models import HeadConfig, RMCModelConfig
 from relmem.models.language_model import LMOptions
-from relmem.models.spec import DecoderSpec, TaskSpec
+from relmem.models.spec import DecoderSpec, TaskSpec, register_option
 from relmem.pretrained import load_pretrained
 from relmem.tasks import NthFarthestConfig
 from relmem.tasks.learn_to_execute import LearnToExecuteConfig
@@ -387,7 +387,7 @@ def test_the_hub_through_its_library(nth_run: Path, tmp_path: Path, monkeypatch,
         load_pretrained("someone/nf-rmc")
 
 
-def test_the_model_spec_round_trips_and_builds_nothing_else() -> None:
+def test_the_model_spec_round_trips_and_builds_nothing_else(monkeypatch) -> None:
     options = {"lm": LMOptions(softmax="adaptive", tie_weights=False, cutoffs=(2, 5))}
     spec = TaskSpec(9, 4, 9, "per_step", "embedding", 3, DecoderSpec(2, 1), options)
     data = json.loads(json.dumps(spec_to_dict(spec)))
@@ -398,13 +398,16 @@ def test_the_model_spec_round_trips_and_builds_nothing_else() -> None:
         size: int = 2
         vectors: Callable[[], torch.Tensor] | None = None
 
-    Initialised.__module__ = "relmem.models.stand_in"  # an option of relmem's
+    with pytest.raises(ValueError, match="'x' is a Initialised, not a registered option"):
+        spec_to_dict(TaskSpec(1, 1, 1, options={"x": Initialised(3, torch.zeros)}))
+    monkeypatch.setattr(relmem.models.spec, "_OPTIONS", dict(relmem.models.spec._OPTIONS))
+    register_option(Initialised)  # an option of relmem's
     fields = spec_to_dict(TaskSpec(1, 1, 1, options={"x": Initialised(3, torch.zeros)}))
-    assert fields["options"]["x"]["fields"] == {"size": 3, "vectors": None}  # in the weights
+    assert fields["options"]["x"] == {"type": "Initialised", "fields": {"size": 3, "vectors": None}}
 
-    for name in ("os.system", "relmem.pretrained.export_run", "relmem.nowhere.Thing"):
+    for name in ("os.system", "relmem.pretrained.export_run", "relmem.nowhere.Thing", 3):
         data["options"]["lm"]["type"] = name
-        with pytest.raises(ValueError, match="is not a relmem config dataclass"):
+        with pytest.raises(ValueError, match="is not a relmem option class"):
             spec_from_dict(data, "spec")
 
 

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from relmem.models.encoders import register_encoder
 from relmem.models.heads import HeadConfig, register_head
-from relmem.models.spec import TaskSpec
+from relmem.models.spec import TaskSpec, register_option
 from relmem.validation import check_float, check_int
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 
+@register_option
 @dataclass(frozen=True)
 class LMOptions:
     """The language model's settings, carried in ``TaskSpec.options['lm']``.

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from relmem.cores.dnc import MemoryControllerLayer
 from relmem.cores.dnc.layer import reverse_within_lengths
 from relmem.models.registry import get_model, register_architecture
-from relmem.models.spec import TaskSpec
+from relmem.models.spec import TaskSpec, register_option
 
 __all__ = [
     "CoAttention",
@@ -51,6 +51,7 @@ __all__ = [
 _MASKED = -1e30  # a score no softmax gives weight to (finite, so a fully masked row stays finite)
 
 
+@register_option
 @dataclass(frozen=True)
 class ReaderOptions:
     """The reader's sizes and its data's layout (``TaskSpec.options['reader']``).

@@ -10,8 +10,8 @@ by ``output``, both names registered in :mod:`relmem.models.encoders` and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, is_dataclass
+from typing import Any, TypeVar
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,8 @@ class TaskSpec:
             :class:`DecoderSpec` for a sequence-to-sequence model that reads the inputs, then
             emits ``decoder.steps`` outputs (:mod:`relmem.models.seq2seq`).
         options: further settings for the task's encoder and head, by name (a language
-            model's dropout and softmax: ``{'lm': LMOptions(...)}``).
+            model's dropout and softmax: ``{'lm': LMOptions(...)}``); each a config dataclass
+            registered with :func:`register_option`.
         architecture: None for ``encoder -> core -> head``; the name of a registered model
             shape that holds the chosen core itself (``'reader'``,
             :func:`relmem.models.registry.register_architecture`).
@@ -77,3 +78,43 @@ class TaskSpec:
     def per_step(self) -> bool:
         """True when the model emits one output per step (``logits [B, T, O]``)."""
         return self.output != "last"
+
+
+_Option = TypeVar("_Option", bound=type)
+_OPTIONS: dict[str, type] = {}
+
+
+def register_option(cls: _Option) -> _Option:
+    """Class decorator: ``cls``, a config dataclass, may be a :class:`TaskSpec` option.
+
+    An exported model's ``config.json`` names each option's class by its name here,
+    ``cls.__name__`` (:func:`option_name`), and is read back through this closed table only:
+    a file never names a module to import. The ``module.Class`` names that exports written
+    before the table named are read too.
+
+    Raises:
+        ValueError: ``cls`` is not a dataclass, or its name is taken.
+    """
+    if not (isinstance(cls, type) and is_dataclass(cls)):
+        raise ValueError(f"an option must be a config dataclass, got {cls!r}")
+    for name in (cls.__name__, f"{cls.__module__}.{cls.__qualname__}"):
+        if _OPTIONS.get(name, cls) is not cls:
+            raise ValueError(f"option name {name!r} is already registered")
+        _OPTIONS[name] = cls
+    return cls
+
+
+def option_name(cls: type) -> str | None:
+    """The name ``config.json`` records for the option class ``cls`` (None: not registered)."""
+    return cls.__name__ if _OPTIONS.get(cls.__name__) is cls else None
+
+
+def option_class(name: str) -> type | None:
+    """The registered option class recorded as ``name`` (its name, or the ``module.Class``
+    of older exports); None for any other name (nothing is imported)."""
+    return _OPTIONS.get(name)
+
+
+def option_names() -> list[str]:
+    """The registered options' names, sorted."""
+    return sorted({cls.__name__ for cls in _OPTIONS.values()})

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model
 from torch import nn
 
-from relmem.models.spec import DecoderSpec, TaskSpec
+from relmem.files import FileRefused, MiB, open_regular, read_json
+from relmem.models.reader import ReaderOptions
+from relmem.models.spec import DecoderSpec, TaskSpec, option_class, option_name, option_names
 from relmem.tasks.registry import get_task
 from relmem.train.checkpoint import META_FILE, MODEL_FILE, unwrap
 from relmem.train.config import FREE_MODEL_FIELDS, TrainConfig, config_from_dict, config_to_dict
@@ -44,6 +46,22 @@ DATA_FILE = "data.json"  # the same name as a run's (relmem.train.runs.DATA_FILE
 WEIGHTS_KEY = "relmem_model"  # model.safetensors' metadata: the model part of config.json
 HASHED = (MODEL_FILE, DATA_FILE, VOCAB_FILE)  # meta.json's SHA-256s (those present)
 _SECTIONS = ("format", "task_name", "task", "model", "head", "spec")
+MAX_JSON_BYTES = 16 * MiB  # config.json, meta.json, data.json: a few kilobytes when written
+MAX_VOCAB_BYTES = 256 * MiB  # vocab.json: a large corpus's words are tens of megabytes
+MAX_STATE_ELEMENTS = 1 << 28  # numbers in one example's recurrent state (1 GiB of float32)
+# the dtypes of model.safetensors' header, by the torch dtype a model's tensor has
+_SAFETENSORS_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
 
 
 class ExportError(ValueError):
@@ -52,26 +70,46 @@ class ExportError(ValueError):
 
 
 def sha256(path: Path) -> str:
-    """The hex SHA-256 of the file at ``path``."""
+    """The hex SHA-256 of the regular file at ``path`` (:func:`relmem.files.open_regular`: a
+    FIFO or a device is refused, not read).
+
+    Raises:
+        ExportError: ``path`` is missing, unreadable or not a regular file (naming it).
+    """
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
+    try:
+        with open(_open(path), "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError as exc:
+        raise ExportError(f"cannot read {path}: {exc.strerror or exc}") from None
     return digest.hexdigest()
 
 
+def _open(path: Path, max_bytes: int | None = None) -> int:
+    """:func:`relmem.files.open_regular`, its refusal an :class:`ExportError`."""
+    try:
+        return open_regular(path, max_bytes)
+    except FileRefused as exc:
+        raise ExportError(f"{exc}; the folder is not a complete exported model") from None
+
+
+def _read_json(path: Path, max_bytes: int) -> Any:
+    """:func:`relmem.files.read_json`, its refusal an :class:`ExportError` (naming the file)."""
+    try:
+        return read_json(path, max_bytes)
+    except FileRefused as exc:
+        raise ExportError(f"{exc}; the folder is not a complete exported model") from None
+
+
 def read_object(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``.
+    """The JSON object in ``path`` (at most :data:`MAX_JSON_BYTES`).
 
     Raises:
-        ExportError: the file is missing, unreadable, not JSON or not an object (naming it).
+        ExportError: the file is missing, not a regular file, too large, not JSON or not an
+            object (naming it).
     """
-    if not path.is_file():
-        raise ExportError(f"{path} is missing: the folder is not a complete exported model")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ExportError(f"cannot read {path}: {exc}") from None
+    data = _read_json(path, MAX_JSON_BYTES)
     if not isinstance(data, dict):
         raise ExportError(f"{path} must hold a JSON object, got {type(data).__name__}")
     return data
@@ -79,11 +117,11 @@ def read_object(path: Path) -> dict[str, Any]:
 
 def is_exported(folder: Path) -> bool:
     """Whether ``folder``'s ``config.json`` is an exported model's (it names the format); a
-    run's, a missing or an unreadable one is not."""
-    path = Path(folder) / CONFIG_FILE
+    run's, a missing one and one that cannot be read (a FIFO, a device, too large, not JSON:
+    refused without blocking or reading it whole) are not."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        data = read_json(Path(folder) / CONFIG_FILE, MAX_JSON_BYTES)
+    except FileRefused:
         return False
     return isinstance(data, dict) and "format" in data
 
@@ -166,36 +204,39 @@ def read_spec(folder: Path) -> TaskSpec | None:
 
 
 def spec_to_dict(spec: TaskSpec) -> dict[str, Any]:
-    """``spec`` as JSON values; each option (a dataclass, such as a language model's
-    ``LMOptions``) as ``{"type": "module.Class", "fields": {...}}``, a field holding a callable
-    (an initialiser run when the model is built, such as pretrained word vectors) as null:
-    the exported weights hold what it made.
+    """``spec`` as JSON values; each option (a registered config dataclass, such as a language
+    model's ``LMOptions``: :func:`relmem.models.spec.register_option`) as
+    ``{"type": "LMOptions", "fields": {...}}``, a field holding a callable (an initialiser run
+    when the model is built, such as pretrained word vectors) as null: the exported weights
+    hold what it made.
 
     Raises:
-        ValueError: an option that is not a dataclass of relmem's.
+        ValueError: an option whose class is not registered.
     """
     data = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
     data["decoder"] = None if spec.decoder is None else dataclasses.asdict(spec.decoder)
     options = {}
     for name, value in spec.options.items():
         kind = type(value)
-        if not dataclasses.is_dataclass(value) or not kind.__module__.startswith("relmem."):
+        registered = option_name(kind)
+        if registered is None:
             raise ValueError(
-                f"the model spec's option {name!r} is a {kind.__name__}, not a relmem config "
-                "dataclass: it cannot be written to config.json"
+                f"the model spec's option {name!r} is a {kind.__name__}, not a registered "
+                "option class (relmem.models.spec.register_option): it cannot be written to "
+                "config.json"
             )
         fields = config_to_dict(value)
         for field in dataclasses.fields(value):  # an initialiser: the weights hold its result
             if callable(getattr(value, field.name)):
                 fields[field.name] = None
-        options[name] = {"type": f"{kind.__module__}.{kind.__qualname__}", "fields": fields}
+        options[name] = {"type": registered, "fields": fields}
     data["options"] = options
     return data
 
 
 def spec_from_dict(data: Any, where: str) -> TaskSpec:
     """The :class:`TaskSpec` of :func:`spec_to_dict`'s output, strictly (an option's type must
-    be a config dataclass in a relmem module; nothing else is imported or built).
+    name a registered option class; nothing is imported, nothing else is built).
 
     Raises:
         ValueError / TypeError: naming ``where`` and the key.
@@ -215,19 +256,17 @@ def spec_from_dict(data: Any, where: str) -> TaskSpec:
 
 
 def _option(data: Any, where: str) -> Any:
-    """One option of a spec, ``{"type": "relmem.module.Class", "fields": {...}}``."""
+    """One option of a spec, ``{"type": "LMOptions", "fields": {...}}``, its class looked up
+    in the closed table of registered options (:func:`relmem.models.spec.option_class`)."""
     if not isinstance(data, dict) or set(data) != {"type", "fields"}:
         raise TypeError(f"{where}: expected an object with 'type' and 'fields', got {data!r}")
     name = data["type"]
-    module, _, qualname = name.rpartition(".") if isinstance(name, str) else ("", "", "")
-    cls = None
-    if module.startswith("relmem.") and qualname.isidentifier():
-        try:
-            cls = getattr(importlib.import_module(module), qualname, None)
-        except ImportError:
-            cls = None
-    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
-        raise ValueError(f"{where}.type: {name!r} is not a relmem config dataclass")
+    cls = option_class(name) if isinstance(name, str) else None
+    if cls is None:
+        raise ValueError(
+            f"{where}.type: {json.dumps(name)[:100]} is not a relmem option class (one of "
+            f"{', '.join(option_names())}); config.json names no module to import"
+        )
     return config_from_dict(cls, data["fields"], f"{where}.fields")
 
 
@@ -261,27 +300,95 @@ def first_difference(a: Any, b: Any, where: str) -> tuple[str, Any, Any] | None:
     return None if a == b else (where, a, b)
 
 
-def read_vocabulary(folder: Path) -> list[str] | dict[str, list[str]] | None:
-    """``vocab.json``: the tokens in id order, or such lists by name (None: no file).
+def read_vocabulary(folder: Path, spec: TaskSpec | None) -> list[str] | dict[str, list[str]] | None:
+    """``vocab.json``: the tokens in id order, or such lists by name (None: no file), as many
+    as the model built from ``spec`` has ids (:func:`vocabulary_sizes`).
 
     Raises:
-        ExportError: the file is neither a JSON list of strings nor an object of such lists
-            (naming it).
+        ExportError: the file is not a regular file of at most :data:`MAX_VOCAB_BYTES`, not a
+            JSON list of strings (an object of such lists for the reader), or its sizes are
+            not the model's (naming it).
     """
     path = Path(folder) / VOCAB_FILE
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ExportError(f"cannot read {path}: {exc}") from None
-    lists = data.values() if isinstance(data, dict) else [data]
-    if not all(isinstance(v, list) and all(isinstance(t, str) for t in v) for v in lists):
-        raise ExportError(
-            f"{path} must hold the tokens in id order: a JSON list of strings, or an object "
-            "of such lists"
-        )
+    data = _read_json(path, MAX_VOCAB_BYTES)
+    sizes = vocabulary_sizes(spec)
+    if isinstance(sizes, dict):
+        if not isinstance(data, dict) or set(data) != set(sizes):
+            raise ExportError(
+                f"{path} must hold an object of the token lists {sorted(sizes)} (each a JSON "
+                f"list of strings in id order), got {_kind_of(data)}: it is not this model's "
+                "vocabulary"
+            )
+        found = {name: data[name] for name in sizes}
+    else:
+        found = {"tokens": data}
+    for name, tokens in found.items():
+        what = "its tokens" if name == "tokens" else f"its {name!r} list"
+        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+            raise ExportError(
+                f"{path}: {what} must be a JSON list of strings in id order, got {_kind_of(tokens)}"
+            )
+        wanted = sizes[name] if isinstance(sizes, dict) else sizes
+        if wanted is not None and len(tokens) != wanted:
+            raise ExportError(
+                f"{path}: {what} number {len(tokens):,}, but the model has {wanted:,} ids "
+                f"({CONFIG_FILE}'s spec): it is not this model's vocabulary; use the one "
+                "exported with it"
+            )
     return data
+
+
+def vocabulary_sizes(spec: TaskSpec | None) -> int | dict[str, int] | None:
+    """How many tokens the model built from ``spec`` reads: the reader's words and characters
+    by name, one token list's size for a token model (``spec.input_size``), None when
+    ``spec`` says nothing (an RL agent's)."""
+    if spec is None:
+        return None
+    reader = spec.options.get("reader")
+    if isinstance(reader, ReaderOptions):
+        return {"words": reader.vocab_size, "chars": reader.char_vocab_size}
+    return spec.input_size
+
+
+def _kind_of(value: Any) -> str:
+    """A JSON value's kind, in words (for messages)."""
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    return kinds.get(type(value), "a number" if isinstance(value, (int, float)) else "null")
+
+
+def check_state_size(model: nn.Module, where: Path) -> int:
+    """The numbers one example's recurrent state holds in ``model``, counted on the ``meta``
+    device (nothing is allocated): the sum over its outermost modules with an
+    ``initial_state`` (the core; each memory layer of the reader).
+
+    A memory's size is not in its parameter count (a DNC of 2**20 slots has the parameters
+    of one of 16, and a link matrix of 2**40 numbers per example), so it is bounded apart.
+
+    Raises:
+        ExportError: more than :data:`MAX_STATE_ELEMENTS`, naming ``where`` (the config).
+    """
+
+    def numbers(state: Any) -> int:  # a tensor, or (named) tuples and lists of them
+        if isinstance(state, torch.Tensor):
+            return state.numel()
+        return sum(map(numbers, state)) if isinstance(state, (tuple, list)) else 0
+
+    def count(module: nn.Module) -> int:
+        initial_state = getattr(module, "initial_state", None)
+        if not callable(initial_state):
+            return sum(count(child) for child in module.children())
+        return numbers(initial_state(1, device=torch.device("meta")))
+
+    elements = count(model)
+    if elements > MAX_STATE_ELEMENTS:
+        raise ExportError(
+            f"{where}: the model's memory holds {elements:,} numbers per example, more than "
+            f"the {MAX_STATE_ELEMENTS:,} relmem builds (its memory sizes, such as "
+            "dnc.memory_size or rmc.mem_slots, were edited): it is not a model relmem exported"
+        )
+    return elements
 
 
 def check_files(folder: Path) -> dict[str, Any]:
@@ -302,8 +409,6 @@ def check_files(folder: Path) -> dict[str, Any]:
             if path.exists():
                 raise ExportError(f"{path} is not one of the exported files ({folder / META_FILE})")
             continue
-        if not path.is_file():
-            raise ExportError(f"{path} is missing: the folder is not a complete exported model")
         if sha256(path) != hashes[name]:
             raise ExportError(
                 f"{path} is truncated, corrupt or replaced (its SHA-256 does not match "
@@ -322,8 +427,7 @@ def check_weights(folder: Path) -> None:
     folder = Path(folder)
     file = folder / MODEL_FILE
     config = parse_config(folder)[2]
-    if not file.is_file():
-        raise ExportError(f"{file} is missing: the folder is not a complete exported model")
+    os.close(_open(file))  # a FIFO or a device (a link to /dev/zero) is refused, not read
     try:
         with safe_open(str(file), framework="pt") as f:
             metadata = f.metadata() or {}
@@ -349,8 +453,9 @@ def check_weights(folder: Path) -> None:
 
 
 def load_weights(folder: Path, model: nn.Module, device: torch.device | str = "cpu") -> int:
-    """Load an exported folder's weights into ``model`` (strict), after :func:`check_weights`
-    and :func:`check_files`; the step they were saved at.
+    """Load an exported folder's weights into ``model`` (strict), after :func:`check_weights`,
+    :func:`check_files`, :func:`check_dtypes` and :func:`check_state_size`; the step they were
+    saved at.
 
     Raises:
         ExportError: naming the file that is wrong.
@@ -359,6 +464,8 @@ def load_weights(folder: Path, model: nn.Module, device: torch.device | str = "c
     check_weights(folder)
     step = check_files(folder)["step"]
     file = folder / MODEL_FILE
+    check_dtypes(file, model)
+    check_state_size(model, folder / CONFIG_FILE)
     try:
         missing, unexpected = load_model(unwrap(model), str(file), strict=True, device=str(device))
     except (SafetensorError, RuntimeError, OSError) as exc:
@@ -367,3 +474,28 @@ def load_weights(folder: Path, model: nn.Module, device: torch.device | str = "c
     if missing or unexpected:  # strict=True raises first; kept for older safetensors
         raise ExportError(f"{file}: missing {missing}, unexpected {unexpected}")
     return int(step)
+
+
+def check_dtypes(file: Path, model: nn.Module) -> None:
+    """Refuse weights in ``file`` whose dtypes are not those of ``model``'s tensors of the same
+    names (integer weights would be cast silently by loading), read from the header alone.
+
+    Raises:
+        ExportError: naming the file, the first tensor and both dtypes.
+    """
+    state = unwrap(model).state_dict()
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            stored = {name: f.get_slice(name).get_dtype() for name in f.keys()}  # noqa: SIM118
+    except (SafetensorError, OSError, ValueError) as exc:
+        reason = " ".join(str(exc).split())
+        raise ExportError(f"{file} is not a safetensors file ({reason})") from None
+    for name, dtype in stored.items():
+        if name not in state:
+            continue  # load_model's strict check names it
+        wanted = _SAFETENSORS_DTYPES.get(state[name].dtype, str(state[name].dtype))
+        if dtype != wanted:
+            raise ExportError(
+                f"{file}: {name} is stored as {dtype}, but the model's is {wanted}: these are "
+                "not weights relmem exported (re-export the run)"
+            )
