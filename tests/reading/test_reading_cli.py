@@ -109,9 +109,14 @@ def test_v2_questions_train_and_score_no_answer(squad_dir: Path, tmp_path: Path,
 def test_eval_on_another_file_and_a_changed_vocabulary(squad_dir: Path, tmp_path: Path, capsys):
     assert cli.main(train_args(squad_dir, tmp_path, "run", "--steps", "2")) == 0
     capsys.readouterr()
-    other = squad_dir / "sample-v2.0.json"
+    other = squad_dir / "other.json"
+    other.write_text((squad_dir / "dev-v1.1.json").read_text().replace("Arbroath", "Montrose"))
     assert cli.main(["eval", str(tmp_path / "run"), "--data", str(other)]) == 0
-    assert "NoAns" in capsys.readouterr().out
+    assert "official scores" in capsys.readouterr().out
+    # a v1.1 run has no "no answer" output: v2.0 data is refused (test_reading_bad_input.py)
+    v2 = squad_dir / "sample-v2.0.json"
+    assert cli.main(["eval", str(tmp_path / "run"), "--data", str(v2)]) == 2
+    assert "unanswerable" in capsys.readouterr().err
     train = squad_dir / "train-v1.1.json"
     train.write_text(train.read_text().replace("Arbroath", "Montrose"))
     assert cli.main(["eval", str(tmp_path / "run")]) == 2

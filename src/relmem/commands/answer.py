@@ -2,7 +2,8 @@
 
 The run's best weights are used; ``--context`` is a text file's path, or the text itself. The
 answer is printed with the reader's probability for it and where it stands in the text (its
-character offsets, line and a window of the context around it).
+character offsets, line and a window of the context around it). A long context shows a
+progress bar on stderr once reading it has taken 2 seconds.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Annotated
 import tyro
 
 from relmem.commands.errors import describe_error
+from relmem.files import FileRefused, read_bytes
+from relmem.tasks.reading.answer import check_text
 from relmem.train.checkpoint import CheckpointError
 from relmem.train.distributed import resolve_device
 
@@ -43,24 +46,52 @@ def read_context(value: str) -> str:
     """The text ``--context`` means: the file it names, else the value itself.
 
     Raises:
-        ValueError: it looks like a path (no whitespace, a ``/`` or a file suffix) and no such
-            file exists, or the file is not UTF-8 text.
+        ValueError: the value is empty; it names something that is not a regular file (a
+            folder, a device), or a file that is not UTF-8 or holds no text; it looks like a
+            path (no whitespace, a ``/`` or a file suffix) and no such file exists; or the
+            text holds bytes that are not UTF-8.
     """
+    if not value.strip():
+        raise ValueError("--context is empty: pass a text file, or the text itself")
     path = Path(value).expanduser()
-    if path.is_file():
+    if path.exists():
         try:
-            return path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(f"--context {path}: not UTF-8 text") from None
-        except OSError as exc:
-            raise ValueError(f"--context {path}: {exc.strerror or exc}") from None
+            text = read_bytes(path).decode("utf-8")
+        except FileRefused as exc:
+            raise ValueError(f"--context {exc}; pass a text file, or the text itself") from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"--context {path}: not UTF-8 text (byte {exc.start})") from None
+        if not text.strip():
+            raise ValueError(f"--context {path}: the file holds no text; pass a text to read")
+        return text
     looks_like_path = not any(ch.isspace() for ch in value) and (
         "/" in value or "\\" in value or bool(path.suffix)
     )
-    if looks_like_path or path.is_dir():
-        kind = "a folder" if path.is_dir() else "no such file"
-        raise ValueError(f"--context {value}: {kind} (pass a text file, or the text itself)")
+    if looks_like_path:
+        raise ValueError(f"--context {value}: no such file (pass a text file, or the text itself)")
+    check_text("--context", value)
     return value
+
+
+def check_questions(questions: list[str]) -> None:
+    """Refuse no ``--question``, an empty one, or one holding bytes that are not UTF-8.
+
+    Raises:
+        ValueError: naming the option (and which one, when several are given).
+    """
+    if not questions:
+        raise ValueError('--question is required (--question "Who ...?")')
+    for number, question in enumerate(questions, 1):
+        which = "--question" if len(questions) == 1 else f"--question (the {_ordinal(number)})"
+        if not question.strip():
+            raise ValueError(f"{which} is empty: ask a question")
+        check_text(which, question)
+
+
+def _ordinal(number: int) -> str:
+    """``1st``, ``2nd``, ``3rd``, ``11th``."""
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10)
+    return f"{number}{suffix or 'th'}"
 
 
 def main(argv: list[str]) -> int:
@@ -72,11 +103,10 @@ def main(argv: list[str]) -> int:
     from relmem.tasks.reading.answer import load_reader
 
     try:
-        if not args.question:
-            raise ValueError('--question is required (--question "Who ...?")')
+        check_questions(args.question)
         context = read_context(args.context)
         reader = load_reader(args.run_dir, args.checkpoint, str(resolve_device(args.device)))
-        answers = reader(context, args.question)
+        answers = reader(context, args.question, progress=True)
     except (ValueError, TypeError, KeyError, CheckpointError, OSError) as exc:
         print(f"relmem answer: error: {describe_error(exc, '--checkpoint')}", file=sys.stderr)
         return 2

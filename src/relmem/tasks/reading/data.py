@@ -28,13 +28,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from relmem.files import open_regular
 from relmem.tasks.reading.squad import SquadFile, align, read_squad, tokenize
 
 __all__ = [
@@ -55,13 +56,22 @@ CACHE_DIR = ".relmem-cache"
 CACHE_VERSION = 1
 
 
-def file_sha1(path: Path) -> str:
-    """SHA-1 of a file's bytes."""
+def stream_sha1(handle: BinaryIO) -> str:
+    """SHA-1 of the bytes ``handle`` reads, from where it stands to the end."""
     digest = hashlib.sha1()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
+    for block in iter(lambda: handle.read(1 << 20), b""):
+        digest.update(block)
     return digest.hexdigest()
+
+
+def file_sha1(path: Path) -> str:
+    """SHA-1 of a regular file's bytes.
+
+    Raises:
+        FileRefused: ``path`` is missing or not a regular file.
+    """
+    with os.fdopen(open_regular(path), "rb") as handle:
+        return stream_sha1(handle)
 
 
 @dataclass(frozen=True)
@@ -115,16 +125,43 @@ def _cached_tokens(squad: SquadFile, sha1: str) -> Tokenized:
 def write_cache(cache: Path, write: Callable[[Path], object], what: str | None) -> None:
     """Write a cache file atomically: ``write(tmp)`` into a temporary file beside ``cache``
     (its folder made if missing), then renamed over it. A folder that cannot be written leaves
-    no file behind and the data uncached; ``what`` (None: say nothing) is named on stderr."""
+    no file behind and the data uncached; ``what`` (None: say nothing) is named on stderr.
+    The temporary files of writers that were killed are removed first
+    (:func:`remove_orphaned_temporaries`)."""
     tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
     try:
         cache.parent.mkdir(exist_ok=True)
+        remove_orphaned_temporaries(cache.parent)
         write(tmp)
         os.replace(tmp, cache)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         if what is not None:
             print(f"relmem: not caching {what} ({exc.strerror})", file=sys.stderr)
+
+
+def remove_orphaned_temporaries(folder: Path) -> None:
+    """Remove the temporary files (``.NAME.PID.tmp``) in the cache folder ``folder`` whose
+    writing process no longer runs: what a writer killed mid-write left (up to tens of MB
+    each). A file whose process id is in use again stays until that process ends. Nothing is
+    removed where a process cannot be looked up by id (not POSIX)."""
+    if os.name != "posix":
+        return
+    for tmp in folder.glob(".*.tmp"):
+        pid = tmp.name[: -len(".tmp")].rpartition(".")[2]
+        if pid.isdigit() and not _process_runs(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _process_runs(pid: int) -> bool:
+    """Whether process ``pid`` exists (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's (PermissionError), or cannot tell: keep its file
+        return True
+    return True
 
 
 def _texts(text: str, spans: Tensor) -> list[str]:

@@ -4,12 +4,16 @@ The file is streamed line by line (``word v_1 .. v_D``) and only the vocabulary'
 kept, so GloVe's 840B release (5.6 GB) costs one pass, not its size in memory. A vocabulary
 word takes the vector of its lower-cased form when the file has one, else of its first cased
 form (GloVe 840B is cased; the vocabulary is lower-cased). The restricted matrix is cached
-beside the file (safetensors), keyed on the vocabulary and the file's size and modification
-time, so a later build of the same run's model does not read the file again.
+beside the file (safetensors), keyed on the vocabulary and the SHA-1 of the file's bytes (an
+edited file is read again even when its size and time are unchanged), so a later build of the
+same run's model hashes the file but does not parse it again.
 """
 
 from __future__ import annotations
 
+import io
+import math
+import os
 import sys
 from pathlib import Path
 
@@ -18,7 +22,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from relmem.tasks.reading.data import CACHE_DIR, PAD, Vocabulary, write_cache
+from relmem.files import FileRefused, open_regular
+from relmem.tasks.reading.data import CACHE_DIR, PAD, Vocabulary, stream_sha1, write_cache
 
 __all__ = ["read_word_vectors"]
 
@@ -28,52 +33,25 @@ def read_word_vectors(path: Path, vocabulary: Vocabulary, size: int) -> Tensor:
     word it has, ``N(0, 0.1²)`` for the others (seeded by the torch generator), 0 for padding.
 
     Raises:
-        ValueError: the file is missing, not UTF-8, or a line's width differs from ``size``
-            (naming the line and ``--task.word-size``).
+        ValueError: the file is missing or not a regular file, not UTF-8, or a line's width
+            differs from ``size`` (naming the line and ``--task.word-size``), or a vocabulary
+            word's vector holds something that is not a number, or NaN or an infinity
+            (naming the line).
     """
     path = Path(path)
     try:
-        stat = path.stat()
-    except OSError as exc:
-        raise ValueError(f"--task.embeddings {path}: {exc.strerror or exc}") from None
-    key = f"{vocabulary.identity()['sha1']}-{stat.st_size}-{stat.st_mtime_ns}-{size}"
-    cache = path.parent / CACHE_DIR / f"{path.name}.{key}.safetensors"
-    try:
-        return load_file(cache)["vectors"]
-    except (OSError, SafetensorError, KeyError):
-        pass
-    index = {word: i + 2 for i, word in enumerate(vocabulary.words)}
-    vectors = torch.randn(vocabulary.size, size) * 0.1
-    vectors[PAD] = 0
-    exact = torch.zeros(vocabulary.size, dtype=torch.bool)
-    seen = torch.zeros(vocabulary.size, dtype=torch.bool)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                parts = line.rstrip("\n").rstrip(" ").split(" ")
-                if len(parts) - 1 != size:
-                    raise ValueError(
-                        f"--task.embeddings {path} line {number}: {len(parts) - 1} numbers "
-                        f"after the word, expected {size} (--task.word-size {size}); pass "
-                        "--task.word-size with the file's width"
-                    )
-                word = parts[0]
-                i = index.get(word.lower())
-                if i is None or exact[i] or (seen[i] and word != word.lower()):
-                    continue
-                try:
-                    vectors[i] = torch.tensor([float(x) for x in parts[1:]])
-                except ValueError:
-                    raise ValueError(
-                        f"--task.embeddings {path} line {number}: not a number in the vector "
-                        f"of {word!r}"
-                    ) from None
-                seen[i] = True
-                exact[i] = word == word.lower()
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"--task.embeddings {path}: not UTF-8 text ({exc.reason})") from None
-    except OSError as exc:
-        raise ValueError(f"--task.embeddings {path}: {exc.strerror or exc}") from None
+        handle = os.fdopen(open_regular(path), "rb")
+    except FileRefused as exc:
+        raise ValueError(f"--task.embeddings {exc}; pass a GloVe-format text file") from None
+    with handle:
+        key = f"{vocabulary.identity()['sha1']}-{stream_sha1(handle)}-{size}"
+        cache = path.parent / CACHE_DIR / f"{path.name}.{key}.safetensors"
+        try:
+            return load_file(cache)["vectors"]
+        except (OSError, SafetensorError, KeyError):
+            pass
+        handle.seek(0)
+        vectors, seen = _read_vectors(path, io.TextIOWrapper(handle, "utf-8"), vocabulary, size)
     print(
         f"relmem: {int(seen.sum()):,} of {vocabulary.size - 2:,} words have vectors in {path}",
         file=sys.stderr,
@@ -81,3 +59,53 @@ def read_word_vectors(path: Path, vocabulary: Vocabulary, size: int) -> Tensor:
     # a read-only folder: the file is read again next time
     write_cache(cache, lambda tmp: save_file({"vectors": vectors.contiguous()}, tmp), None)
     return vectors
+
+
+def _read_vectors(
+    path: Path, lines: io.TextIOWrapper, vocabulary: Vocabulary, size: int
+) -> tuple[Tensor, Tensor]:
+    """The initial vectors ``[vocabulary.size, size]`` from the GloVe text ``lines`` of
+    ``path``, and which words ``[vocabulary.size]`` bool the file gave a vector.
+
+    Raises:
+        ValueError: as :func:`read_word_vectors`.
+    """
+    index = {word: i + 2 for i, word in enumerate(vocabulary.words)}
+    vectors = torch.randn(vocabulary.size, size) * 0.1
+    vectors[PAD] = 0
+    exact = torch.zeros(vocabulary.size, dtype=torch.bool)
+    seen = torch.zeros(vocabulary.size, dtype=torch.bool)
+    try:
+        for number, line in enumerate(lines, 1):
+            parts = line.rstrip("\n").rstrip(" ").split(" ")
+            if len(parts) - 1 != size:
+                raise ValueError(
+                    f"--task.embeddings {path} line {number}: {len(parts) - 1} numbers "
+                    f"after the word, expected {size} (--task.word-size {size}); pass "
+                    "--task.word-size with the file's width"
+                )
+            word = parts[0]
+            i = index.get(word.lower())
+            if i is None or exact[i] or (seen[i] and word != word.lower()):
+                continue
+            try:
+                values = [float(x) for x in parts[1:]]
+            except ValueError:
+                raise ValueError(
+                    f"--task.embeddings {path} line {number}: not a number in the vector "
+                    f"of {word!r}"
+                ) from None
+            bad = next((v for v in values if not math.isfinite(v)), None)
+            if bad is not None:
+                raise ValueError(
+                    f"--task.embeddings {path} line {number}: the vector of {word!r} holds "
+                    f"{bad}; word vectors must be finite numbers: fix or remove the line"
+                )
+            vectors[i] = torch.tensor(values)
+            seen[i] = True
+            exact[i] = word == word.lower()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"--task.embeddings {path}: not UTF-8 text ({exc.reason})") from None
+    except OSError as exc:
+        raise ValueError(f"--task.embeddings {path}: {exc.strerror or exc}") from None
+    return vectors, seen

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from relmem.files import FileRefused, open_regular
 from relmem.tasks.language_model.wikitext import DATA_ENV, data_root
 from relmem.tasks.reading.data import TokenizedFile
 from relmem.tasks.reading.squad import SquadFile
@@ -42,8 +43,9 @@ def resolve(config: Any) -> tuple[Path, Path | None]:
     file) that ``config`` (a :class:`~relmem.tasks.reading.task.ReadingConfig`) names.
 
     Raises:
-        ValueError: nothing names the data, a named file or folder is missing, or the
-            download is impossible (the message says how to get the files).
+        ValueError: nothing names the data, a named file or folder is missing, a file is
+            not a regular file (a folder, a device), or the download is impossible (the
+            message says how to get the files).
     """
     train, dev = config.train_file, config.dev_file
     if (train is None or dev is None) and config.data_dir is not None:
@@ -51,7 +53,8 @@ def resolve(config: Any) -> tuple[Path, Path | None]:
         if not folder.is_dir():
             kind = "a file, not a folder" if folder.exists() else "missing"
             raise ValueError(f"--data-dir {folder} is {kind}. {how_to_get(folder)}")
-        found = [(folder / t, folder / d) for t, d in NAMES.values() if (folder / t).is_file()]
+        # a folder or a device by a train file's name is refused below, not passed over
+        found = [(folder / t, folder / d) for t, d in NAMES.values() if _present(folder / t)]
         if not found and train is None:
             raise ValueError(
                 f"--data-dir {folder} holds no train-v1.1.json or train-v2.0.json. "
@@ -59,7 +62,7 @@ def resolve(config: Any) -> tuple[Path, Path | None]:
             )
         if found:
             train = train or found[0][0]
-            dev = dev or (found[0][1] if found[0][1].is_file() else None)
+            dev = dev or (found[0][1] if _present(found[0][1]) else None)
     if train is None and config.dataset is not None:
         train, dev = download(config.dataset)
     if train is None:
@@ -67,16 +70,40 @@ def resolve(config: Any) -> tuple[Path, Path | None]:
             "no data given: pass --data-dir DIR (with train-v1.1.json and dev-v1.1.json), "
             "--task.train-file FILE [--task.dev-file FILE], or --dataset squad | squad_v2"
         )
-    for option, path in (("--task.train-file", train), ("--task.dev-file", dev)):
-        if path is not None and not path.is_file():
-            kind = "a folder, not a file" if path.is_dir() else "missing"
-            raise ValueError(f"{option} {path} is {kind}")
+    for path, option, named in ((train, "--task.train-file", config.train_file),
+                                (dev, "--task.dev-file", config.dev_file)):  # fmt: skip
+        if path is not None:
+            _check_file(path, option if path == named else _origin(config))
     if dev is None and config.held_out_articles is None:
         raise ValueError(
             f"no evaluation file: pass --task.dev-file FILE, or --task.held-out-articles 0.2 "
             f"to evaluate on a share of {train.name}'s articles that training never sees"
         )
     return train, dev
+
+
+def _present(path: Path) -> bool:
+    """Whether something (a file, a folder, a link) stands at ``path``."""
+    return path.exists() or path.is_symlink()
+
+
+def _origin(config: Any) -> str:
+    """The option that found a file ``config`` did not name itself."""
+    return f"--data-dir {config.data_dir}:" if config.data_dir is not None else "--dataset:"
+
+
+def _check_file(path: Path, option: str) -> None:
+    """Refuse ``path``, given by ``option``, unless it is a regular file that can be opened.
+
+    Raises:
+        ValueError: naming the option, the file, what it is and what to pass instead.
+    """
+    try:
+        os.close(open_regular(path))
+    except FileRefused as exc:
+        raise ValueError(
+            f"{option} {exc}; pass a SQuAD-layout JSON file (docs/reading.md §2)"
+        ) from None
 
 
 def download(name: str) -> tuple[Path, Path]:

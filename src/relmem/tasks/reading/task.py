@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -106,16 +107,17 @@ class ReadingConfig:
     chars: int = 16
     question_tokens: int = 40
     max_context_tokens: int | None = 400
-    max_answer_tokens: int = 17
-    word_size: int = 100
-    char_embedding: int = 16
-    char_channels: int = 64
-    char_kernel: int = 5
-    hidden_size: int = 48
-    attention_window: int = 128
-    memory_layers: int = 1
-    bidirectional_controller: bool = True
-    dropout: float = 0.2
+    # the reader's sizes: ReaderOptions' defaults (options() hands them over)
+    max_answer_tokens: int = ReaderOptions.max_answer_tokens
+    word_size: int = ReaderOptions.word_size
+    char_embedding: int = ReaderOptions.char_embedding
+    char_channels: int = ReaderOptions.char_channels
+    char_kernel: int = ReaderOptions.char_kernel
+    hidden_size: int = ReaderOptions.hidden_size
+    attention_window: int = ReaderOptions.attention_window
+    memory_layers: int = ReaderOptions.memory_layers
+    bidirectional_controller: bool = ReaderOptions.bidirectional_controller
+    dropout: float = ReaderOptions.dropout
     length_buckets: tuple[int, ...] = (100, 150, 200, 300)
 
     def __post_init__(self) -> None:
@@ -155,6 +157,33 @@ class ReadingConfig:
                 f"task.length_buckets must be increasing positive token counts, got "
                 f"{self.length_buckets}"
             )
+
+    def options(self, vocabulary: Vocabulary, no_answer: bool) -> ReaderOptions:
+        """The reader's sizes as :class:`ReaderOptions`, for ``vocabulary``'s ids, with a
+        "no answer" score when ``no_answer``; the word vectors start from ``embeddings``
+        (read when the model is built) and stay fixed when it is given."""
+        vectors = None
+        if self.embeddings is not None:
+            vectors = partial(read_word_vectors, self.embeddings, vocabulary, self.word_size)
+        return ReaderOptions(
+            vocab_size=vocabulary.size,
+            char_vocab_size=vocabulary.char_size,
+            question_block=self.question_tokens,
+            chars=self.chars,
+            word_size=self.word_size,
+            char_embedding=self.char_embedding,
+            char_channels=self.char_channels,
+            char_kernel=self.char_kernel,
+            hidden_size=self.hidden_size,
+            attention_window=self.attention_window,
+            memory_layers=self.memory_layers,
+            bidirectional_controller=self.bidirectional_controller,
+            dropout=self.dropout,
+            max_answer_tokens=self.max_answer_tokens,
+            no_answer=no_answer,
+            freeze_words=self.embeddings is not None,
+            word_vectors=vectors,
+        )
 
 
 class Reading(Task):
@@ -209,19 +238,25 @@ class Reading(Task):
             raise ValueError(f"{train_path}: no training question has an aligned answer")
         lengths = self.train.context_tokens[self.train_index]
         self._by_length = self.train_index[torch.argsort(lengths, stable=True)]
-        self.unanswerable = any(
+        trains_no_answer = any(not q.answerable for q in self.train.squad.questions)
+        held_no_answer = sum(
             not self.held.squad.questions[i].answerable for i in self.held_index.tolist()
-        ) or any(not q.answerable for q in self.train.squad.questions)
+        )
+        if held_no_answer and not trains_no_answer:
+            raise ValueError(
+                f"{dev_path}: {held_no_answer:,} of its {len(self.held_index):,} questions are "
+                f"unanswerable (SQuAD v2.0), but the training file {train_path} has none, so "
+                'the reader has no "no answer" output and would score 0 on every one of them: '
+                "evaluate on a file whose questions all have answers (v1.1), or train on data "
+                "with unanswerable questions (train-v2.0.json)"
+            )
+        self.unanswerable = trains_no_answer
         self.extra_metrics = (EXACT_MATCH,) + (
             (HAS_ANSWER_F1, NO_ANSWER_F1) if self.unanswerable else ()
         )
         self.num_groups = len(config.length_buckets) + 1
         print(self.describe(), file=sys.stderr)
         longest = int(self.held.context_tokens[self.held_index].max())
-        vectors = None
-        if config.embeddings is not None:
-            path, words, size = config.embeddings, self.vocabulary, config.word_size
-            vectors = lambda: read_word_vectors(path, words, size)  # noqa: E731
         self.spec = TaskSpec(
             input_size=self.vocabulary.size,
             seq_len=config.question_tokens + longest,
@@ -229,27 +264,7 @@ class Reading(Task):
             output="span",
             encoding="reader",
             architecture="reader",
-            options={
-                "reader": ReaderOptions(
-                    vocab_size=self.vocabulary.size,
-                    char_vocab_size=self.vocabulary.char_size,
-                    question_block=config.question_tokens,
-                    chars=config.chars,
-                    word_size=config.word_size,
-                    char_embedding=config.char_embedding,
-                    char_channels=config.char_channels,
-                    char_kernel=config.char_kernel,
-                    hidden_size=config.hidden_size,
-                    attention_window=config.attention_window,
-                    memory_layers=config.memory_layers,
-                    bidirectional_controller=config.bidirectional_controller,
-                    dropout=config.dropout,
-                    max_answer_tokens=config.max_answer_tokens,
-                    no_answer=self.unanswerable,
-                    freeze_words=config.embeddings is not None,
-                    word_vectors=vectors,
-                )
-            },
+            options={"reader": config.options(self.vocabulary, self.unanswerable)},
         )
 
     def describe(self) -> str:
