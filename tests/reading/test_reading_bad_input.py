@@ -316,6 +316,19 @@ def test_eval_of_a_v1_run_on_v2_data(trained_run, tmp_path: Path, capsys) -> Non
     assert not out.exists() and not out.with_name("predictions.json").exists()
 
 
+def test_eval_on_a_data_file_with_a_lone_surrogate(trained_run, tmp_path: Path, capsys) -> None:
+    """Case 4, through ``relmem eval --data``: the same check as training's."""
+    run, _ = trained_run
+    edit, message = CASES["surrogate in a question"]
+    data = _write(tmp_path / "dev.json", edit)
+    capsys.readouterr()
+    out = tmp_path / "eval.json"
+    assert cli.main(["eval", str(run), "--data", str(data), "--json-out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("relmem eval: error: ") and str(data) in err and message in err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [

@@ -102,7 +102,8 @@ def _check_file(path: Path, option: str) -> None:
         os.close(open_regular(path))
     except FileRefused as exc:
         raise ValueError(
-            f"{option} {exc}; pass a SQuAD-layout JSON file (docs/reading.md §2)"
+            f"{option} {exc}; pass a SQuAD-layout JSON file (docs/reading.md §2, "
+            "`relmem docs reading 2`)"
         ) from None
 
 
@@ -162,12 +163,17 @@ def _as_squad(rows: Any, version: str) -> dict[str, Any]:
 
 def held_out_articles(squad: SquadFile, share: float, seed: int) -> set[str]:
     """``round(share · articles)`` (at least 1, at most all but 1) article titles of
-    ``squad``, drawn by ``seed``."""
+    ``squad``, drawn by ``seed``; each untitled article has a title of its own
+    (:func:`~relmem.tasks.reading.squad.read_squad`).
+
+    Raises:
+        ValueError: ``squad`` has fewer than 2 articles.
+    """
     titles = squad.articles()
     if len(titles) < 2:
         raise ValueError(
-            f"{squad.path}: --task.held-out-articles needs at least 2 articles, it has "
-            f"{len(titles)}; pass --task.dev-file"
+            f"{squad.path}: --task.held-out-articles needs at least 2 articles (paragraphs "
+            f"under one title are one article), it has {len(titles)}; pass --task.dev-file"
         )
     count = min(max(1, round(share * len(titles))), len(titles) - 1)
     generator = torch.Generator().manual_seed(seed)
