@@ -30,7 +30,14 @@ from relmem._version import __version__
 from relmem.tasks.base import Task
 from relmem.tasks.registry import get_task
 from relmem.train import exported
-from relmem.train.checkpoint import BEST_NAME, META_FILE, MODEL_FILE, unwrap, verify_checkpoint
+from relmem.train.checkpoint import (
+    BEST_NAME,
+    CHECKPOINT_DIR,
+    META_FILE,
+    MODEL_FILE,
+    unwrap,
+    verify_checkpoint,
+)
 from relmem.train.metrics import MetricsFileError, read_metrics
 from relmem.train.runs import (
     MAX_PARAMETERS,
@@ -253,6 +260,27 @@ def check_destination(out: Path, force: bool) -> None:
         raise ValueError(f"{out}: its folder {parent} is not writable; choose another OUT_DIR")
 
 
+def check_outside_run(run_dir: Path, out: Path) -> None:
+    """Refuse an export folder that is the run directory, holds it, or lies in its
+    checkpoints folder: resuming takes every folder there for a checkpoint and pruning deletes
+    it, and replacing the run with ``--force`` would lose it.
+
+    Raises:
+        ValueError: naming ``out``, the run and the fix.
+    """
+    run, target = run_dir.resolve(), out.resolve()
+    checkpoints = run / CHECKPOINT_DIR
+    if target == run or target in run.parents:
+        where = "is the run directory" if target == run else "holds the run directory"
+        raise ValueError(f"OUT_DIR {out} {where} {run_dir}; choose an OUT_DIR outside the run")
+    if target == checkpoints or checkpoints in target.parents:
+        raise ValueError(
+            f"OUT_DIR {out} is inside {run_dir}'s checkpoints folder, where resuming would take "
+            "it for a checkpoint and pruning would delete it; choose an OUT_DIR outside "
+            f"{checkpoints}"
+        )
+
+
 def export_run(
     run_dir: Path,
     out_dir: Path,
@@ -279,9 +307,12 @@ def export_run(
         ``out_dir``.
 
     Raises:
-        ValueError / CheckpointError / OSError: one line naming the file or folder.
+        ValueError / CheckpointError / OSError: one line naming the file or folder (an
+            ``out_dir`` inside the run's checkpoints, or holding the run:
+            :func:`check_outside_run`).
     """
     run_dir, out = Path(run_dir), Path(out_dir)
+    check_outside_run(run_dir, out)
     check_destination(out, force)
     if exported.is_exported(run_dir):
         raise ValueError(f"{run_dir} is already an exported model; copy the folder instead")
@@ -463,9 +494,10 @@ def model_card(
     ]
     if identity:
         lines += [
-            "The evaluation reads the task's data where `config.json`'s `task` section points "
-            "(edit it to your copy); `data.json` checks that it is the data the model was "
-            "trained on.",
+            "The evaluation reads the task's data where `config.json`'s `task` section points. "
+            "Its paths are the names of the training data's files and folders, not where they "
+            "were: edit them to point at your copy (`data.json` checks that it is the data the "
+            "model was trained on).",
             "",
         ]
     lines += [
@@ -583,7 +615,7 @@ def _training_lines(run_dir: Path) -> list[str]:
     for record in _invocations(run_dir):
         argv = record.get("argv")
         if isinstance(argv, list) and argv[1:2] == ["train"]:
-            commands.append(shlex.join(["relmem", *map(str, argv[1:])]))
+            commands.append(shlex.join(["relmem", *map(_without_folders, argv[1:])]))
     if not commands:
         return [
             "Started from Python rather than `relmem train`; `config.json` of the run "
@@ -594,6 +626,17 @@ def _training_lines(run_dir: Path) -> list[str]:
         lines.insert(0, "The first command, then each resume:")
         lines.insert(1, "")
     return lines
+
+
+def _without_folders(argument: Any) -> str:
+    """A command-line argument with an absolute path in it (``/home/me/data``,
+    ``--data-dir=/home/me/data``) cut to its last component (``data``): the card does not
+    publish the trainer's directory layout."""
+    text = str(argument)
+    if text.startswith("--") and "=" in text:
+        option, value = text.split("=", 1)
+        return f"{option}={_without_folders(value)}"
+    return Path(text).name if os.path.isabs(text) else text
 
 
 def _version_lines(run_dir: Path) -> list[str]:

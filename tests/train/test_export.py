@@ -162,7 +162,7 @@ def test_export_refuses_without_writing(nth_run: Path, tmp_path: Path, capsys, m
     afile.write_text("")
     refused(nth_run, afile / "out", names="a parent of it is a file")
     refused(nth_run, afile, names=f"{afile} exists and is not a folder")
-    refused(nth_run, nth_run, names=f"{nth_run} is not empty")
+    refused(nth_run, nth_run, names=f"OUT_DIR {nth_run} is the run directory")
 
     out = tmp_path / "kept"
     assert export(nth_run, out) == 0
@@ -295,6 +295,10 @@ def test_language_model_round_trip(tmp_path: Path, capsys) -> None:
     assert task_name == "lm" and set(vocabulary) == words | {"<eos>"}
     assert vocabulary.index("the") == 0  # the corpus's order: its first word first
 
+    config = json.loads((out / "config.json").read_text())
+    assert config["task"]["data_dir"] == "data"  # its name: the user points it at their copy
+    config["task"]["data_dir"] = str(data)
+    (out / "config.json").write_text(json.dumps(config))
     from_run = eval_record(run_dir, tmp_path / "r.json")
     from_folder = eval_record(out, tmp_path / "f.json")
     assert from_folder["perplexity"] == from_run["perplexity"]

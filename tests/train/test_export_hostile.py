@@ -342,3 +342,52 @@ def test_the_vocabulary_and_data_files_too(lm_export, tmp_path, capsys, name, da
     damage(folder / name)
     command = ["generate", "--prompt", "the", "--tokens", "2"]
     assert_refused(folder, str(folder / name), match, capsys, command)
+
+
+# 7. an OUT_DIR among the run's checkpoints (resuming would take it for one, pruning delete it)
+
+
+@pytest.mark.parametrize(
+    "where, match",
+    [
+        ("run/checkpoints/step-00000002", "is inside {run}'s checkpoints folder"),
+        ("run/checkpoints/exported", "is inside {run}'s checkpoints folder"),
+        ("run/checkpoints", "is inside {run}'s checkpoints folder"),
+        ("run", "is the run directory {run}"),
+        (".", "holds the run directory {run}"),
+    ],
+)
+def test_an_out_dir_in_the_run_is_refused(nth_export, capsys, where, match) -> None:
+    root = nth_export.parent
+    run_dir = root / "run"
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    out = root / where
+    assert cli.main(["export", str(run_dir), str(out), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"OUT_DIR {out} " in err, err
+    assert match.format(run=run_dir) in err and "choose an OUT_DIR outside" in err, err
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
+
+
+# 8. an export publishes no path of the trainer's machine
+
+
+def test_no_exported_file_holds_the_runs_paths(lm_export, tmp_path, capsys, monkeypatch) -> None:
+    root = lm_export.parent
+    for file in lm_export.iterdir():
+        assert str(root).encode() not in file.read_bytes(), file.name
+    config = json.loads((lm_export / "config.json").read_text())
+    assert config["task"]["data_dir"] == "data"
+    card = (lm_export / "README.md").read_text()
+    assert "--data-dir data" in card and f"--out-dir {root.name} " in card  # names only
+    assert "names of the training data's files and folders" in card
+
+    folder = copy_of(lm_export, tmp_path)
+    monkeypatch.chdir(tmp_path)  # no data folder here: eval says which path it looked for
+    capsys.readouterr()
+    assert cli.main(["eval", str(folder), "--json-out", str(tmp_path / "e.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "data" in err, err
+    config["task"]["data_dir"] = str(root / "data")  # what the card says to do
+    (folder / "config.json").write_text(json.dumps(config))
+    assert cli.main(["eval", str(folder), "--json-out", str(tmp_path / "e.json")]) == 0

@@ -129,8 +129,17 @@ def is_exported(folder: Path) -> bool:
 def export_config(config: TrainConfig, task_name: str, spec: TaskSpec | None) -> dict[str, Any]:
     """``config.json`` of an exported model: the format, the task's name and config, the model's
     name and section, the head and the model spec (None for an RL agent, which its task
-    builds)."""
+    builds).
+
+    The task's paths (a corpus's ``data_dir``, the reader's ``train_file``) are recorded as
+    their last component only, the name of the file or folder: a shared model does not
+    publish its trainer's directory layout, and a user points them at their own copy.
+    """
     full = config_to_dict(config)
+    for field in dataclasses.fields(config.task):
+        value = getattr(config.task, field.name)
+        if isinstance(value, Path):
+            full["task"][field.name] = value.name
     return {
         "format": FORMAT,
         "task_name": task_name,
