@@ -351,7 +351,7 @@ def test_answer_refuses_an_empty_or_undecodable_context(trained_run, capsys, mak
     assert message in captured.err, captured.err
 
 
-def test_answer_names_the_undecodable_question(trained_run, capsys) -> None:
+def test_answer_names_the_undecodable_or_empty_question(trained_run, capsys) -> None:
     run, _ = trained_run
     capsys.readouterr()
     undecodable = b"Who \xe9?".decode("utf-8", "surrogateescape")  # as argv gives it
@@ -361,6 +361,9 @@ def test_answer_names_the_undecodable_question(trained_run, capsys) -> None:
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert "--question (the 2nd) holds '\\udce9' at character 4" in err and "UTF-8" in err
+    assert cli.main(["answer", str(run), "--context", "Karl decoded it.", "--question", " "]) == 2
+    empty = "relmem answer: error: --question is empty: ask a question"
+    assert capsys.readouterr().err.strip() == empty
 
 
 def test_reading_config_options_carry_every_size() -> None:
