@@ -188,3 +188,90 @@ def test_evaluations_on_other_data_keep_each_others_predictions(
         refused(capsys, ["eval", str(run), "--json-out", str(run / name)], "--json-out", name)
     assert (run / "eval-predictions-held-out.json").read_bytes() == before
     assert not (run / "x-predictions-y.json").exists()
+
+
+# 4. sizes too large to count, in a new run or a run's config.json
+
+HUGE = {"head_size": 2**20, "num_heads": 2**10}
+
+
+@pytest.fixture(scope="module")
+def nth_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 2-step Nth Farthest run of a tiny RMC."""
+    out = tmp_path_factory.mktemp("nth")
+    assert cli.main([*NTH_FARTHEST, "--out-dir", str(out), "--run-name", "run"]) == 0
+    return out / "run"
+
+
+def test_a_new_run_of_sizes_too_large_to_count_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sizes = ["--rmc.head-size", str(HUGE["head_size"]), "--rmc.num-heads", str(HUGE["num_heads"])]
+    argv = [*NTH_FARTHEST, "--out-dir", str(tmp_path), "--run-name", "run", *sizes]
+    refused(capsys, argv, "--rmc.head-size 1048576", "--rmc.num-heads 1024", "--max-parameters")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["eval", "plot", "resume"])
+def test_a_config_json_of_sizes_too_large_to_count_is_refused(
+    nth_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    run = shutil.copytree(nth_run, tmp_path / "run")
+    config = json.loads((run / "config.json").read_text())
+    config["rmc"] |= HUGE
+    (run / "config.json").write_text(json.dumps(config))
+    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    argv = {
+        "eval": ["eval", str(run)],
+        "plot": ["plot", str(run), "--out", str(tmp_path / "plots")],
+        "resume": ["train", "nth-farthest", "--resume", str(run), "--steps", "4"],
+    }[command]
+    refused(capsys, argv, "--rmc.head-size 1048576", "--rmc.num-heads 1024", "--max-parameters")
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before
+    assert not (tmp_path / "plots").exists()
+
+
+# 5. a run killed before its first checkpoint
+
+
+def killed_before_its_first_checkpoint(nth_run: Path, run: Path) -> Path:
+    """``run``: what a kill before the first checkpoint leaves of ``nth_run`` (its config,
+    run record, first metrics and a stale lock file, no checkpoint)."""
+    run.mkdir()
+    for name in ("config.json", "run.json"):
+        shutil.copy(nth_run / name, run / name)
+    (run / "metrics.jsonl").write_text('{"step": 1, "train/loss": 1.0}\n')
+    (run / ".lock").touch()
+    return run
+
+
+def test_a_run_killed_before_its_first_checkpoint_trains_again_from_step_0(
+    nth_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = killed_before_its_first_checkpoint(nth_run, tmp_path / "run")
+    # a new run under its name says how to go on
+    argv = [*NTH_FARTHEST, "--out-dir", str(tmp_path), "--run-name", "run"]
+    refused(capsys, argv, f"--resume {run} trains from step 0")
+    assert cli.main(["train", "nth-farthest", "--resume", str(run)]) == 0
+    assert f"{run} holds no checkpoint" in capsys.readouterr().err
+    # the killed attempt's records are replaced by a whole run's
+    steps = [
+        [json.loads(line)["step"] for line in (r / "metrics.jsonl").open()] for r in (run, nth_run)
+    ]
+    assert steps[0] == steps[1]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["status"] == "completed"
+    assert json.loads((run / "config.json").read_text())["resume"] is None
+
+
+# 6. the record names the checkpoint relative to the run, not by this machine's path
+
+
+@pytest.mark.parametrize("checkpoint", [None, "checkpoints/step-00000002"])
+def test_the_eval_record_names_the_checkpoint_relative_to_the_run(
+    nth_run: Path, tmp_path: Path, checkpoint: str | None
+) -> None:
+    out = tmp_path / "eval.json"
+    chosen = [] if checkpoint is None else ["--checkpoint", str(nth_run / checkpoint)]
+    assert cli.main(["eval", str(nth_run), "--json-out", str(out), *chosen]) == 0
+    assert json.loads(out.read_text())["checkpoint"] == "checkpoints/step-00000002"

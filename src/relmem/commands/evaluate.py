@@ -204,12 +204,14 @@ def _write_record(
     args: EvalArgs, task_name: str, model: str, checkpoint: Path, step: int, fields: dict
 ) -> int:
     """Write the evaluation's record (task, model, checkpoint, step, then ``fields``) as JSON
-    to ``--json-out`` (default ``RUN_DIR/eval.json``); the command's exit status."""
+    to ``--json-out`` (default ``RUN_DIR/eval.json``); the command's exit status. The
+    checkpoint is recorded relative to the run directory (``checkpoints/best``), so that the
+    record means the same on another machine."""
     out = _record_path(args)
     record = {
         "task": task_name,
         "model": model,
-        "checkpoint": str(checkpoint),
+        "checkpoint": os.path.relpath(checkpoint.resolve(), Path(args.run_dir).resolve()),
         "step": step,
         **fields,
     }

@@ -19,7 +19,7 @@ from relmem.train.checkpoint import CHECKPOINT_DIR, CheckpointError, resolve_che
 from relmem.train.config import TrainConfig, config_to_dict, fixed_difference
 from relmem.train.lock import RunLockedError, check_unlocked
 from relmem.train.loop import run
-from relmem.train.runs import MAX_PARAMETERS, load_run_config
+from relmem.train.runs import MAX_PARAMETERS, load_run_config, never_checkpointed
 
 USAGE = """usage: relmem train TASK [--preset NAME] [--resume RUN_DIR] [OVERRIDES...]
 
@@ -56,14 +56,18 @@ def parse(argv: list[str]) -> tuple[str, TrainConfig, int]:
             given = resolve_checkpoint(given)
         # a run in training changes under its readers: refuse clearly before reading it
         check_unlocked(given.parent.parent if given.parent.name == CHECKPOINT_DIR else given)
-        ckpt = resolve_checkpoint(given)
-        run_task, default = load_run_config(ckpt.parent.parent)
+        if never_checkpointed(given):  # killed before its first: the trainer starts it over
+            resume = given
+            run_task, default = load_run_config(given)
+        else:
+            resume = resolve_checkpoint(given)
+            run_task, default = load_run_config(resume.parent.parent)
         if run_task != task_name:
             raise ValueError(
                 f"--resume {known.resume} is a run of {run_task!r}, not {task_name!r}; "
                 f"continue it with `relmem train {run_task} --resume {known.resume}`"
             )
-        default.resume = ckpt
+        default.resume = resume
     else:
         default = get_preset(task_name, known.preset or default_preset(task_name).name)
     presets = ", ".join(f"{p.name} ({p.library_name})" for p in list_presets(task_name))

@@ -138,7 +138,8 @@ class _RunConfig(Generic[TaskConfigT]):
         deterministic: ``torch.use_deterministic_algorithms(True)``.
         out_dir: parent of new run directories.
         run_name: the run directory's name under out_dir; None: ``{task}-{model}-{time}``.
-        resume: a run directory (or one of its checkpoints) to continue.
+        resume: a run directory (or one of its checkpoints) to continue; a run that never
+            completed a checkpoint (killed before its first) trains again from step 0.
         tensorboard: also write TensorBoard event files under ``RUN_DIR/tb``.
     """
 

@@ -59,17 +59,26 @@ def check_model_size(
             builder otherwise).
 
     Raises:
-        ValueError: more than ``max_parameters`` (the message names ``--max-parameters``).
+        ValueError: more than ``max_parameters``, or sizes too large to count (a tensor's
+            size overflows, which the cores report as a ``MemoryError``); the message names
+            the model's sizes and ``--max-parameters``.
     """
     try:
         with torch.device("meta"):
             model = (build or build_model)(config, task)
-    except (RuntimeError, OverflowError, TypeError) as exc:  # a size too large to count
-        if "overflow" not in str(exc).lower():
+    except (RuntimeError, OverflowError, TypeError, MemoryError) as exc:
+        if not isinstance(exc, MemoryError) and "overflow" not in str(exc).lower():
             raise
+        section = dataclasses.asdict(config.model_config())
+        sizes = ", ".join(
+            f"--{config.model}.{name.replace('_', '-')} {value}"
+            for name, value in section.items()
+            if isinstance(value, int) and not isinstance(value, bool)
+        )
+        reason = str(exc).splitlines()[0].removesuffix("; choose smaller sizes")[:200]
         raise ValueError(
-            f"model {config.model!r} as configured is too large to build (its sizes overflow: "
-            f"{str(exc).splitlines()[0][:120]}); check the model's size options"
+            f"model {config.model!r} as configured ({sizes}) is too large to build, far past "
+            f"--max-parameters {max_parameters:,} ({reason}); choose smaller sizes"
         ) from None
     count = models.count_parameters(model)
     if count > max_parameters:
@@ -178,9 +187,28 @@ def occupied(run_dir: Path) -> str | None:
             "continue it, or choose another --run-name"
         )
     shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+    stopped = (
+        f"; it holds a run stopped before its first checkpoint, which --resume {run_dir} trains "
+        "from step 0"
+        if never_checkpointed(run_dir)
+        else ""
+    )
     return (
         f"{run_dir} already exists and is not empty ({shown}); a new run starts in an empty "
-        "directory: choose another --run-name (or --out-dir), or remove it"
+        f"directory: choose another --run-name (or --out-dir), or remove it{stopped}"
+    )
+
+
+def never_checkpointed(path: Path) -> bool:
+    """Whether ``path`` is a run directory (it has a ``config.json``) that never completed a
+    checkpoint: no ``checkpoints/step-*`` directory and no ``checkpoints/latest``, as a run
+    killed before its first leaves it. Resuming it trains it from step 0."""
+    root = Path(path) / ckpt_io.CHECKPOINT_DIR
+    return (
+        (Path(path) / "config.json").is_file()
+        and not root.is_symlink()
+        and not ckpt_io.list_checkpoints(path)
+        and not (root / ckpt_io.LATEST_FILE).exists()
     )
 
 

@@ -19,8 +19,10 @@ from __future__ import annotations
 import copy
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,6 +52,7 @@ from relmem.train.runs import (
     check_model_size,
     check_model_unchanged,
     check_options_read,
+    never_checkpointed,
     new_run_dir,
     occupied,
     read_invocations,
@@ -244,7 +247,11 @@ class Trainer:
         self.config, self.task_name, self.info, self.device = config, task_name, info, device
         self.per_rank = config.batch_size // info.world_size
 
-        resume = None if config.resume is None else ckpt_io.resolve_checkpoint(config.resume)
+        # a run killed before its first checkpoint trains again from nothing, in its directory
+        restart = config.resume is not None and never_checkpointed(config.resume)
+        resume = None
+        if config.resume is not None and not restart:
+            resume = ckpt_io.resolve_checkpoint(config.resume)
         saved = None if resume is None else ckpt_io.load_train_state(resume)
         self.task = get_task(task_name).build(config.task)
         self.metric = self.task.metric
@@ -253,9 +260,20 @@ class Trainer:
             check_options_read(config, self.task)
         if max_parameters is not None:
             self.check_size(max_parameters)
-        self.run_dir = (
-            new_run_dir(config, task_name, info) if resume is None else resume.parent.parent
-        )
+        if restart:
+            self.run_dir = Path(config.resume)
+            if info.is_main:
+                print(
+                    f"relmem: {self.run_dir} holds no checkpoint (it stopped before its first): "
+                    "training it from step 0 with its config.json; the metrics it logged are "
+                    "replaced",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        elif resume is None:
+            self.run_dir = new_run_dir(config, task_name, info)
+        else:
+            self.run_dir = resume.parent.parent
         if resume is not None:
             check_data_identity(self.run_dir, self.task)
 
@@ -308,7 +326,9 @@ class Trainer:
                 )
             self.window.sums.copy_(window)
         self.logger = (
-            self._open_logs(resumed=saved is not None, argv=argv) if info.is_main else None
+            self._open_logs(resumed=saved is not None, restarted=restart, argv=argv)
+            if info.is_main
+            else None
         )
 
     def check_size(self, max_parameters: int) -> None:
@@ -391,9 +411,13 @@ class Trainer:
         if self.info.enabled:
             torch.manual_seed(derive_seed(self.config.seed, STREAM_RANK, rank, self.progress.step))
 
-    def _open_logs(self, resumed: bool, argv: list[str] | None) -> MetricLogger:
+    def _open_logs(self, resumed: bool, restarted: bool, argv: list[str] | None) -> MetricLogger:
         """Lock the run directory, check what is in it, then write ``config.json`` and
         ``run.json``, open the metric loggers and announce the run.
+
+        ``restarted``: a run that never checkpointed trains from step 0 in its directory, as a
+        new run would (its metrics and ``data.json`` written anew), its ``best`` weights, if
+        any, set aside.
 
         Nothing in the directory changes until the lock is held and ``run.json`` and
         ``metrics.jsonl`` have been read (a damaged ``metrics.jsonl`` stops the run here).
@@ -404,7 +428,7 @@ class Trainer:
         try:
             # checked again under the lock: another new run of the same name may have filled
             # the directory since new_run_dir looked (and would be wiped)
-            problem = None if resumed else occupied(self.run_dir)
+            problem = None if resumed or restarted else occupied(self.run_dir)
             if problem is not None:
                 raise FileExistsError(problem)
             invocations = read_invocations(self.run_dir)
@@ -415,7 +439,9 @@ class Trainer:
                 resume_step=step if resumed else None,
                 keep_stop=step >= config.steps,
             )
-            abandoned = ckpt_io.set_aside_newer(self.run_dir, step) if resumed else None
+            abandoned = (
+                ckpt_io.set_aside_newer(self.run_dir, step) if resumed or restarted else None
+            )
         except BaseException:
             self.lock.release()
             raise
@@ -429,7 +455,7 @@ class Trainer:
         # overrides given with --resume (e.g. more steps) become the run's config
         write_json(
             self.run_dir / "config.json",
-            self.config_dict | {"resume": None} if resumed else self.config_dict,
+            self.config_dict | {"resume": None} if resumed or restarted else self.config_dict,
         )
         record_invocation(self.run_dir, config, self.device, self.info, argv, invocations)
         if not resumed:
@@ -438,7 +464,7 @@ class Trainer:
         if config.tensorboard:
             # TensorBoard hides events at and after purge_step: the checkpoint's own step's
             # records were logged before it was saved
-            purge = step + 1 if resumed else None
+            purge = step + 1 if resumed or restarted else None
             loggers.append(TensorBoardLogger(self.run_dir / "tb", purge_step=purge))
         logger = MultiLogger(loggers)
         logger.log_config(self.config_dict)
