@@ -18,6 +18,7 @@ import re
 import shlex
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -59,6 +60,7 @@ HUB_FILES = [
     exported.VOCAB_FILE,
     exported.CARD_FILE,
 ]
+PUSH_TIMEOUT = 600.0  # seconds an upload may take in all (relmem export --push-timeout)
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
 
 RunConfig = Any
@@ -191,13 +193,19 @@ def _agent_builder() -> ModelBuilder:
     return agent_of
 
 
-def push_to_hub(folder: Path, repo_id: str, *, private: bool | None = None) -> str:
+def push_to_hub(
+    folder: Path, repo_id: str, *, private: bool | None = None, timeout: float = PUSH_TIMEOUT
+) -> str:
     """Upload an exported ``folder`` to the Hub repository ``repo_id`` (created if missing)
     with ``huggingface_hub``'s ``HfApi.upload_folder``; its URL.
 
+    The upload runs in a daemon thread given ``timeout`` seconds in all: the Hub library waits
+    without limit on a server that accepts the connection and never answers. An upload given
+    up on is left to that thread, which ends with the process.
+
     Raises:
         ValueError: ``huggingface_hub`` is missing, or the upload failed (offline, not logged
-            in, no write access), the message saying which.
+            in, no write access) or took longer than ``timeout``, the message saying which.
     """
     if not exported.is_exported(Path(folder)):
         raise exported.ExportError(f"{folder} is not a folder written by relmem export")
@@ -209,23 +217,41 @@ def push_to_hub(folder: Path, repo_id: str, *, private: bool | None = None) -> s
             f"{folder} is written; push it later with huggingface-cli upload)"
         ) from None
     api = HfApi()
-    try:
-        url = api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
-        api.upload_folder(
-            folder_path=str(folder),
-            repo_id=repo_id,
-            repo_type="model",
-            allow_patterns=HUB_FILES,
-            commit_message=f"relmem export {Path(folder).name}",
+    outcome: dict[str, Any] = {}
+
+    def upload() -> None:
+        try:
+            url = api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+            api.upload_folder(
+                folder_path=str(folder),
+                repo_id=repo_id,
+                repo_type="model",
+                allow_patterns=HUB_FILES,
+                commit_message=f"relmem export {Path(folder).name}",
+            )
+            outcome["url"] = str(url)
+        except Exception as exc:  # the Hub library raises many kinds (HTTP, offline, auth)
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=upload, name="relmem-push-to-hub", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise exported.ExportError(
+            f"pushing {folder} to the Hugging Face Hub repository {repo_id} got no answer from "
+            f"{getattr(api, 'endpoint', 'the Hub')} within {timeout:g} s; check the connection "
+            "(HF_ENDPOINT), or pass a larger --push-timeout for a large model on a slow link. "
+            "The folder is written"
         )
-    except Exception as exc:  # the Hub library raises many kinds (HTTP, offline, auth)
+    if "error" in outcome:
+        exc = outcome["error"]
         reason = " ".join(str(exc).split())[:200]
         raise exported.ExportError(
             f"pushing {folder} to the Hugging Face Hub repository {repo_id} failed "
             f"({type(exc).__name__}: {reason}); offline, or not logged in (huggingface-cli "
             "login)? The folder is written"
-        ) from None
-    return str(url)
+        )
+    return str(outcome["url"])
 
 
 def check_destination(out: Path, force: bool) -> None:

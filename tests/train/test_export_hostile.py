@@ -6,10 +6,14 @@ before anything blocks, is allocated or is half-loaded."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import socket
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -391,3 +395,51 @@ def test_no_exported_file_holds_the_runs_paths(lm_export, tmp_path, capsys, monk
     config["task"]["data_dir"] = str(root / "data")  # what the card says to do
     (folder / "config.json").write_text(json.dumps(config))
     assert cli.main(["eval", str(folder), "--json-out", str(tmp_path / "e.json")]) == 0
+
+
+# 6. a Hub endpoint that accepts the connection and never answers
+
+
+@pytest.fixture
+def silent_server():
+    """A local HTTP endpoint that accepts connections and never answers; closed (with every
+    connection it accepted) at the end, so the abandoned upload's thread ends too."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                accepted.append(server.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    server.close()
+    for connection in accepted:
+        connection.close()
+
+
+def test_a_hub_that_never_answers_is_given_up_on(
+    nth_export, tmp_path, capsys, monkeypatch, silent_server
+) -> None:
+    constants = pytest.importorskip("huggingface_hub.constants")
+    monkeypatch.setattr(constants, "ENDPOINT", silent_server)  # HF_ENDPOINT, read at import
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    out = tmp_path / "pushed"
+    args = ["export", str(nth_export.parent / "run"), str(out), "--push", "someone/nf-rmc"]
+    started = time.monotonic()
+    assert cli.main([*args, "--push-timeout", "1"]) == 2
+    assert time.monotonic() - started < 60
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"got no answer from {silent_server} within 1 s" in err, err
+    assert "--push-timeout" in err and "The folder is written" in err
+    assert is_exported(out)
+
+
+@pytest.mark.parametrize("seconds", ["0", "-1", "nan", "inf"])
+def test_the_push_timeout_is_a_positive_number(nth_export, tmp_path, capsys, seconds) -> None:
+    args = ["export", str(nth_export.parent / "run"), str(tmp_path / "out"), "--push", "a/b"]
+    assert cli.main([*args, "--push-timeout", seconds]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--push-timeout must be a finite number" in err, err
+    assert not (tmp_path / "out").exists()

@@ -10,6 +10,7 @@ Hub (the ``hub`` extra).
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Annotated
 import tyro
 
 from relmem.commands.errors import describe_error
+from relmem.pretrained import PUSH_TIMEOUT, export_run, push_to_hub
 from relmem.train.checkpoint import CheckpointError
 from relmem.train.runs import MAX_PARAMETERS
 
@@ -35,6 +37,8 @@ class ExportArgs:
         push: a Hugging Face Hub repository id (``user/name``) to upload the folder to, with
             ``huggingface_hub`` (``pip install 'relmem[hub]'``; log in first with
             ``huggingface-cli login``).
+        push_timeout: seconds the upload may take in all before it is given up on (a Hub
+            endpoint that accepts the connection and never answers would hang the command).
         max_parameters: refuse to build a model larger than this.
     """
 
@@ -43,6 +47,7 @@ class ExportArgs:
     checkpoint: Path | None = None
     force: bool = False
     push: str | None = None
+    push_timeout: float = PUSH_TIMEOUT
     max_parameters: int = MAX_PARAMETERS
 
 
@@ -52,8 +57,10 @@ def main(argv: list[str]) -> int:
         args = tyro.cli(ExportArgs, args=argv, prog="relmem export")
     except SystemExit as exc:  # tyro has printed help or a boxed error message
         return int(exc.code or 0)
-    from relmem.pretrained import export_run, push_to_hub
-
+    if not (math.isfinite(args.push_timeout) and args.push_timeout > 0):
+        return _error(
+            f"--push-timeout must be a finite number of seconds > 0, got {args.push_timeout}"
+        )
     try:
         out = export_run(
             args.run_dir,
@@ -69,7 +76,7 @@ def main(argv: list[str]) -> int:
     print(f"written {out}: {listing}")
     if args.push is not None:
         try:
-            url = push_to_hub(out, args.push)
+            url = push_to_hub(out, args.push, timeout=args.push_timeout)
         except ValueError as exc:
             return _error(describe_error(exc, "--checkpoint"))
         print(f"pushed to {url}")
