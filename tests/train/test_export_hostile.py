@@ -94,15 +94,19 @@ def lm_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data.mkdir()
     for split, text in CORPUS.items():
         (data / f"{split}.txt").write_text(text)
+    assert cli.main(lm_train_args(data, root, "lm")) == 0
+    assert cli.main(["export", str(root / "lm"), str(root / "exported")]) == 0
+    return root / "exported"
+
+
+def lm_train_args(data: Path, out: Path, name: str) -> list[str]:
+    """``relmem train lm`` of a tiny model for 2 steps on the corpus in ``data``."""
     args = ["train", "lm", "--data-dir", str(data), "--device", "cpu", "--steps", "2"]
     args += ["--batch-size", "2", "--eval-batch", "2", "--eval-every", "2", "--log-every", "2"]
     args += ["--checkpoint-every", "2", "--task.bptt", "4", "--task.eval-rows", "2"]
     args += ["--task.embedding-size", "8", "--task.softmax", "full", "--rmc.head-size", "4"]
-    args += ["--rmc.mem-slots", "1"]
-    args += ["--cpu-threads", "1", "--out-dir", str(root), "--run-name", "lm", "--no-tensorboard"]
-    assert cli.main(args) == 0
-    assert cli.main(["export", str(root / "lm"), str(root / "exported")]) == 0
-    return root / "exported"
+    args += ["--rmc.mem-slots", "1", "--cpu-threads", "1", "--out-dir", str(out)]
+    return [*args, "--run-name", name, "--no-tensorboard"]
 
 
 def copy_of(folder: Path, tmp_path: Path) -> Path:
@@ -348,6 +352,54 @@ def test_the_vocabulary_and_data_files_too(lm_export, tmp_path, capsys, name, da
     assert_refused(folder, str(folder / name), match, capsys, command)
 
 
+# 6. a Hub endpoint that accepts the connection and never answers
+
+
+@pytest.fixture
+def silent_server():
+    """A local HTTP endpoint that accepts connections and never answers; closed (with every
+    connection it accepted) at the end, so the abandoned upload's thread ends too."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                accepted.append(server.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    server.close()
+    for connection in accepted:
+        connection.close()
+
+
+def test_a_hub_that_never_answers_is_given_up_on(
+    nth_export, tmp_path, capsys, monkeypatch, silent_server
+) -> None:
+    constants = pytest.importorskip("huggingface_hub.constants")
+    monkeypatch.setattr(constants, "ENDPOINT", silent_server)  # HF_ENDPOINT, read at import
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    out = tmp_path / "pushed"
+    args = ["export", str(nth_export.parent / "run"), str(out), "--push", "someone/nf-rmc"]
+    started = time.monotonic()
+    assert cli.main([*args, "--push-timeout", "1"]) == 2
+    assert time.monotonic() - started < 60
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"got no answer from {silent_server} within 1 s" in err, err
+    assert "--push-timeout" in err and "The folder is written" in err
+    assert is_exported(out)
+
+
+@pytest.mark.parametrize("seconds", ["0", "-1", "nan", "inf"])
+def test_the_push_timeout_is_a_positive_number(nth_export, tmp_path, capsys, seconds) -> None:
+    args = ["export", str(nth_export.parent / "run"), str(tmp_path / "out"), "--push", "a/b"]
+    assert cli.main([*args, "--push-timeout", seconds]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--push-timeout must be a finite number" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 # 7. an OUT_DIR among the run's checkpoints (resuming would take it for one, pruning delete it)
 
 
@@ -397,49 +449,25 @@ def test_no_exported_file_holds_the_runs_paths(lm_export, tmp_path, capsys, monk
     assert cli.main(["eval", str(folder), "--json-out", str(tmp_path / "e.json")]) == 0
 
 
-# 6. a Hub endpoint that accepts the connection and never answers
+# 9. a checkpoint of another run, trained on other data of the same sizes
 
 
-@pytest.fixture
-def silent_server():
-    """A local HTTP endpoint that accepts connections and never answers; closed (with every
-    connection it accepted) at the end, so the abandoned upload's thread ends too."""
-    server = socket.create_server(("127.0.0.1", 0))
-    accepted: list[socket.socket] = []
-
-    def accept() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                accepted.append(server.accept()[0])
-
-    threading.Thread(target=accept, daemon=True).start()
-    yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    server.close()
-    for connection in accepted:
-        connection.close()
-
-
-def test_a_hub_that_never_answers_is_given_up_on(
-    nth_export, tmp_path, capsys, monkeypatch, silent_server
+def test_another_runs_checkpoint_is_not_exported_with_this_runs_vocabulary(
+    lm_export, tmp_path, capsys
 ) -> None:
-    constants = pytest.importorskip("huggingface_hub.constants")
-    monkeypatch.setattr(constants, "ENDPOINT", silent_server)  # HF_ENDPOINT, read at import
-    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
-    out = tmp_path / "pushed"
-    args = ["export", str(nth_export.parent / "run"), str(out), "--push", "someone/nf-rmc"]
-    started = time.monotonic()
-    assert cli.main([*args, "--push-timeout", "1"]) == 2
-    assert time.monotonic() - started < 60
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, text in CORPUS.items():  # the same sizes, other words
+        (data / f"{split}.txt").write_text(text.replace("lamps", "lights"))
+    assert cli.main(lm_train_args(data, tmp_path, "other")) == 0
+    other = tmp_path / "other" / "checkpoints" / "step-00000002"
+    assert other.is_dir()
+    capsys.readouterr()
+    out = tmp_path / "out"
+    assert (
+        cli.main(["export", str(lm_export.parent / "lm"), str(out), "--checkpoint", str(other)])
+        == 2
+    )
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"got no answer from {silent_server} within 1 s" in err, err
-    assert "--push-timeout" in err and "The folder is written" in err
-    assert is_exported(out)
-
-
-@pytest.mark.parametrize("seconds", ["0", "-1", "nan", "inf"])
-def test_the_push_timeout_is_a_positive_number(nth_export, tmp_path, capsys, seconds) -> None:
-    args = ["export", str(nth_export.parent / "run"), str(tmp_path / "out"), "--push", "a/b"]
-    assert cli.main([*args, "--push-timeout", seconds]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--push-timeout must be a finite number" in err, err
-    assert not (tmp_path / "out").exists()
+    assert err.count("\n") == 1 and f"--checkpoint {other} was trained on other data" in err, err
+    assert not out.exists()
