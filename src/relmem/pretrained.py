@@ -28,6 +28,7 @@ from torch import nn
 
 import relmem.models as models
 from relmem._version import __version__
+from relmem.files import read_json
 from relmem.tasks.base import Task
 from relmem.tasks.registry import get_task
 from relmem.train import exported
@@ -616,9 +617,10 @@ def _metric_lines(run_dir: Path, ckpt: Path, step: int, task: Task) -> list[str]
 
 
 def _eval_record(run_dir: Path, ckpt: Path, step: int) -> dict[str, Any] | None:
-    """``RUN_DIR/eval.json`` when it evaluated this checkpoint at this step, else None."""
+    """``RUN_DIR/eval.json`` when it evaluated this checkpoint at this step, else None (also
+    when it cannot be read: the card then has no such line)."""
     try:
-        record = json.loads((run_dir / "eval.json").read_text())
+        record = read_json(run_dir / "eval.json", exported.MAX_JSON_BYTES)
     except (OSError, UnicodeDecodeError, ValueError):
         return None
     if not isinstance(record, dict) or record.get("step") != step:
@@ -627,8 +629,9 @@ def _eval_record(run_dir: Path, ckpt: Path, step: int) -> dict[str, Any] | None:
 
 
 def _invocations(run_dir: Path) -> list[dict[str, Any]]:
+    """``RUN_DIR/run.json``'s invocation records (none when it cannot be read)."""
     try:
-        record = json.loads((run_dir / "run.json").read_text())
+        record = read_json(run_dir / "run.json", exported.MAX_JSON_BYTES)
         found = record["invocations"]
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
         return []

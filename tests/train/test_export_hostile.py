@@ -352,6 +352,16 @@ def test_the_vocabulary_and_data_files_too(lm_export, tmp_path, capsys, name, da
     assert_refused(folder, str(folder / name), match, capsys, command)
 
 
+def test_the_cards_sources_in_the_run_may_not_block_the_export(nth_export, tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(nth_export.parent / "run", run_dir)
+    for name in ("eval.json", "run.json"):  # read for the card only: left out when unreadable
+        (run_dir / name).unlink(missing_ok=True)
+        os.mkfifo(run_dir / name)
+    assert cli.main(["export", str(run_dir), str(tmp_path / "out")]) == 0
+    assert "trained with: not recorded" in (tmp_path / "out" / "README.md").read_text()
+
+
 # 6. a Hub endpoint that accepts the connection and never answers
 
 
