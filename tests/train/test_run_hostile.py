@@ -4,6 +4,7 @@ the option and the fix, exit status 2, and nothing written."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -275,3 +276,32 @@ def test_the_eval_record_names_the_checkpoint_relative_to_the_run(
     chosen = [] if checkpoint is None else ["--checkpoint", str(nth_run / checkpoint)]
     assert cli.main(["eval", str(nth_run), "--json-out", str(out), *chosen]) == 0
     assert json.loads(out.read_text())["checkpoint"] == "checkpoints/step-00000002"
+
+
+# a run's JSON files that are not what relmem wrote
+
+
+def fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def nested(path: Path) -> None:
+    path.write_text("[" * 100_000 + "]" * 100_000)
+
+
+def huge(path: Path) -> None:
+    with path.open("wb") as f:
+        f.truncate(64 << 20)  # sparse: nothing is written
+
+
+@pytest.mark.parametrize("damage", [fifo, nested, huge], ids=["fifo", "nested", "huge"])
+@pytest.mark.parametrize("name", ["config.json", "checkpoints/step-00000002/meta.json"])
+def test_a_hostile_json_file_of_a_run_is_refused_before_it_is_read(
+    nth_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage, name: str
+) -> None:
+    run = shutil.copytree(nth_run, tmp_path / "run")
+    (run / name).unlink()
+    damage(run / name)
+    argv = ["eval", str(run), "--checkpoint", str(step_2(run)), "--json-out", str(tmp_path / "e")]
+    refused(capsys, argv, name.rpartition("/")[2])
+    assert not (tmp_path / "e").exists()

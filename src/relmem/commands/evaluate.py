@@ -15,7 +15,6 @@ with its standard error and the mean episode length of each.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -27,8 +26,9 @@ import torch
 import tyro
 
 from relmem.commands.errors import describe_error
+from relmem.files import read_json
 from relmem.tasks.registry import get_task
-from relmem.train.checkpoint import CheckpointError
+from relmem.train.checkpoint import MAX_META_BYTES, META_FILE, CheckpointError
 from relmem.train.distributed import resolve_device
 from relmem.train.evaluation import evaluate
 from relmem.train.runs import MAX_PARAMETERS, load_run_config, load_trained, write_json
@@ -268,10 +268,10 @@ def _step_of(ckpt: Path) -> int:
     Raises:
         CheckpointError: the file is gone (pruned by a running trainer) or has no step.
     """
-    meta = ckpt / "meta.json"
+    meta = ckpt / META_FILE
     try:
-        step = json.loads(meta.read_text())["step"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        step = read_json(meta, MAX_META_BYTES)["step"]
+    except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"cannot read the step of {ckpt} from {meta} ({exc})") from exc
     if not isinstance(step, int):
         raise CheckpointError(f"{meta}: step must be an integer, got {step!r}")

@@ -172,8 +172,8 @@ def set_aside_newer(run_dir: Path, step: int) -> Path | None:
     best = best_checkpoint(run_dir)
     if best is not None:
         try:
-            best_step = json.loads((best / META_FILE).read_text())["step"]
-        except (OSError, ValueError, KeyError):
+            best_step = read_json(best / META_FILE, MAX_META_BYTES)["step"]
+        except (ValueError, KeyError, TypeError):
             best_step = None  # unreadable: keep it where eval reports it
         if isinstance(best_step, int) and best_step > step:
             newer.append(best)
@@ -406,7 +406,7 @@ def _verified_meta(ckpt: Path, files: tuple[str, ...]) -> dict[str, Any]:
     """
     meta_path = ckpt / META_FILE
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = read_json(meta_path, MAX_META_BYTES)
         hashes = meta["sha256"]
         if not isinstance(hashes, dict):
             raise TypeError(f"sha256 is {hashes!r}, not an object")

@@ -27,6 +27,7 @@ from torch import nn
 import relmem.models as models
 from relmem._version import __version__
 from relmem.env_info import device_name, git_sha
+from relmem.files import FileRefused, MiB, read_json
 from relmem.tasks.base import Task
 from relmem.tasks.registry import get_task
 from relmem.train import checkpoint as ckpt_io
@@ -40,6 +41,8 @@ from relmem.train.lock import LOCK_FILE
 MAX_PARAMETERS = 2**28
 
 DATA_FILE = "data.json"  # the task's data identity (Task.data_identity) when the run started
+MAX_RUN_JSON_BYTES = 16 * MiB  # config.json, data.json: a few kilobytes when written
+MAX_RUN_RECORD_BYTES = 64 * MiB  # run.json: under a kilobyte per invocation
 
 
 ModelBuilder = Callable[[TrainConfig, Task], nn.Module]
@@ -219,8 +222,8 @@ def read_invocations(run_dir: Path) -> dict[str, Any] | None:
     if not path.exists():
         return {"invocations": []}
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
+        record = read_json(path, MAX_RUN_RECORD_BYTES)
+    except FileRefused:
         return None
     ok = isinstance(record, dict) and isinstance(record.get("invocations"), list)
     return record if ok else None
@@ -265,16 +268,15 @@ def record_invocation(
 
 
 def read_json_object(path: Path, *, not_an_object: type[Exception]) -> dict[str, Any]:
-    """The JSON object in ``path``.
+    """The JSON object in ``path``, a regular file of at most :data:`MAX_RUN_JSON_BYTES`
+    (:func:`relmem.files.read_json`: a FIFO or a device is refused before any read).
 
     Raises:
-        ValueError: the file cannot be read or is not JSON (naming it).
+        ValueError: the file cannot be read, is too large or is not JSON (a
+            :class:`~relmem.files.FileRefused` naming it).
         not_an_object: it holds JSON other than an object.
     """
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"cannot read {path}: {exc}") from exc
+    data = read_json(path, MAX_RUN_JSON_BYTES)
     if not isinstance(data, dict):
         raise not_an_object(f"{path} must hold a JSON object, got {type(data).__name__}")
     return data
