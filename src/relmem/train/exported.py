@@ -2,9 +2,9 @@
 
 An exported folder holds one trained model without its run::
 
-    config.json        # what rebuilds the model: the task's name and config, the model's name
-                       # and section, the head and the task's model spec (shapes, vocabulary
-                       # size), with "format": "relmem-pretrained/1"
+    config.json        # what rebuilds the model: the task's name and config (its paths as
+                       # names), the model's name and section, the head and the task's model
+                       # spec (shapes, vocabulary size), with "format": "relmem-pretrained/1"
     model.safetensors  # the weights; their metadata repeats config.json's model part
     meta.json          # the step and the SHA-256 of the weights and data files (a checkpoint's)
     data.json          # the task's data identity, when it has one (a corpus's vocabulary)
@@ -14,7 +14,10 @@ An exported folder holds one trained model without its run::
 :func:`relmem.train.runs.load_run_config` and :func:`~relmem.train.runs.load_trained` read such
 a folder as they read a run directory, so every command that takes a run (``eval``,
 ``generate``, ``play``, ``plot``) takes a folder too; :func:`relmem.pretrained.load_pretrained`
-rebuilds the model from ``config.json`` alone (no task data). Nothing is read with pickle.
+rebuilds the model from ``config.json`` alone (no task data). Nothing is read with pickle, and
+nothing a file names is imported (a spec's option classes come from a closed table,
+:func:`relmem.models.spec.register_option`); every file is opened through :mod:`relmem.files`
+(a FIFO, a device or an oversized file is refused before it is read).
 """
 
 from __future__ import annotations
@@ -86,10 +89,10 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _open(path: Path, max_bytes: int | None = None) -> int:
-    """:func:`relmem.files.open_regular`, its refusal an :class:`ExportError`."""
+def _open(path: Path) -> int:
+    """:func:`relmem.files.open_regular` (any size), its refusal an :class:`ExportError`."""
     try:
-        return open_regular(path, max_bytes)
+        return open_regular(path)
     except FileRefused as exc:
         raise ExportError(f"{exc}; the folder is not a complete exported model") from None
 
