@@ -429,6 +429,11 @@ class Trainer:
             # checked again under the lock: another new run of the same name may have filled
             # the directory since new_run_dir looked (and would be wiped)
             problem = None if resumed or restarted else occupied(self.run_dir)
+            if restarted and not never_checkpointed(self.run_dir):  # another process's since
+                problem = (
+                    f"{self.run_dir} holds a checkpoint now (another process trained it since "
+                    f"this one looked); pass --resume {self.run_dir} again to continue from it"
+                )
             if problem is not None:
                 raise FileExistsError(problem)
             invocations = read_invocations(self.run_dir)
