@@ -4,8 +4,8 @@ One run is ``relmem train squad --model MODEL`` with the ``cpu`` preset (its 30-
 unless ``--minutes``) on the official SQuAD v1.1 dev file split by article (38 articles to
 train on, 10 held out, ``--task.held-out-articles 0.2 --task.split-seed 0``: the split a user
 without the train file can make, ``docs/reading.md`` §2), then ``relmem eval`` (the official
-EM and F1 overall and by context length, and ``predictions.json``). ``config.json``,
-``run.json``, ``metrics.jsonl``, ``summary.json``, ``eval.json`` and ``predictions.json`` are
+EM and F1 overall and by context length, and ``eval-predictions-held-out.json``). ``config.json``,
+``run.json``, ``metrics.jsonl``, ``summary.json``, ``eval.json`` and the predictions file are
 copied to ``benchmarks/results/reading/NAME/``. ``--table`` prints the results tables (overall,
 at equal steps, by context length) from those directories.
 
@@ -24,7 +24,14 @@ from pathlib import Path
 from relmem import cli
 
 RESULTS = Path(__file__).parent / "results" / "reading"  # the default of --results-dir
-KEPT = ("config.json", "run.json", "metrics.jsonl", "summary.json", "eval.json", "predictions.json")
+KEPT = (
+    "config.json",
+    "run.json",
+    "metrics.jsonl",
+    "summary.json",
+    "eval.json",
+    "eval-predictions-held-out.json",
+)
 
 
 def train(args: argparse.Namespace) -> Path:

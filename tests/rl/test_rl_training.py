@@ -245,7 +245,7 @@ def test_best_validation_weights_are_kept_and_played(reach_task, tmp_path: Path,
     assert result.summary["best_checkpoint"] == str(best_dir)
     assert evaluate.main([str(result.run_dir), "--episodes", "8"]) == 0
     record = json.loads((result.run_dir / "eval.json").read_text())
-    assert record["checkpoint"] == str(best_dir) and record["step"] == best_step
+    assert record["checkpoint"] == "checkpoints/best" and record["step"] == best_step
     latest = result.run_dir / "checkpoints" / "step-00000008"
     assert evaluate.main([str(result.run_dir), "--episodes", "8", "--checkpoint", str(latest)]) == 0
     assert json.loads((result.run_dir / "eval.json").read_text())["step"] == 8

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from toy_tasks import EpisodeBits, EpisodeBitsConfig, StepProbe, TokenCopy, token_copy_config
 
 from relmem.models import LSTMModelConfig
+from relmem.models.heads import HeadConfig
 from relmem.tasks import NthFarthestConfig, RepeatCopyConfig
 from relmem.tasks.base import step_generator
 from relmem.tasks.registry import get_task, list_tasks, registered
@@ -32,6 +33,7 @@ def episode_config(tiny, carry: bool, **overrides):
         "task": EpisodeBitsConfig(carry=carry),
         "model": "lstm",
         "lstm": LSTMModelConfig(hidden_size=16),
+        "head": HeadConfig(),  # a per-step task: no MLP head reads it
         "steps": 300,
         "batch_size": 32,
         "eval_every": 300,

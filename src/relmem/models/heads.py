@@ -38,23 +38,29 @@ class HeadConfig:
 
 @dataclass(frozen=True)
 class HeadEntry:
-    """A registered head: its builder, and whether it is one linear map per step."""
+    """A registered head: its builder, whether it is one linear map per step, and whether it
+    reads the training config's ``head`` section (:class:`HeadConfig`: the MLPs do)."""
 
     name: str
     build: HeadBuilder
     linear: bool = False
+    reads_config: bool = False
 
 
 _HEADS: dict[str, HeadEntry] = {}
 
 
-def register_head(name: str, *, linear: bool = False) -> Callable[[HeadBuilder], HeadBuilder]:
-    """Decorator registering ``build(head_config, core_output_size, spec) -> head``."""
+def register_head(
+    name: str, *, linear: bool = False, reads_config: bool = False
+) -> Callable[[HeadBuilder], HeadBuilder]:
+    """Decorator registering ``build(head_config, core_output_size, spec) -> head``;
+    ``reads_config``: the head is sized by ``head_config`` (``relmem train`` refuses
+    ``--head.*`` for a task whose head is not)."""
 
     def decorator(build: HeadBuilder) -> HeadBuilder:
         if name in _HEADS:
             raise ValueError(f"head {name!r} is already registered")
-        _HEADS[name] = HeadEntry(name, build, linear)
+        _HEADS[name] = HeadEntry(name, build, linear, reads_config)
         return build
 
     return decorator
@@ -114,7 +120,7 @@ class CoreReadout(nn.Module):
         return outputs
 
 
-@register_head("last")
+@register_head("last", reads_config=True)
 def build_last(config: HeadConfig, core_size: int, spec: TaskSpec) -> LastStepMLP:
     """:class:`LastStepMLP` to ``spec.output_size`` classes."""
     return LastStepMLP(core_size, config.hidden_sizes, spec.output_size)
@@ -136,7 +142,7 @@ class PerStepMLP(LastStepMLP):
         return nn.Sequential.forward(self, outputs)
 
 
-@register_head("per_step_mlp")
+@register_head("per_step_mlp", reads_config=True)
 def build_per_step_mlp(config: HeadConfig, core_size: int, spec: TaskSpec) -> PerStepMLP:
     """:class:`PerStepMLP` of ``config.hidden_sizes`` to ``spec.output_size`` logits per step."""
     return PerStepMLP(core_size, config.hidden_sizes, spec.output_size)

@@ -399,7 +399,16 @@ class Reader(nn.Module):
         return self.head(d, context_lengths)
 
 
-@register_architecture("reader")
+@register_architecture(
+    "reader",
+    reads={
+        "dnc": (
+            ("memory_size", "word_size", "num_read_heads"),
+            "its memory controller has one GRU layer as wide as the document, one write head "
+            "and no clipping",
+        )
+    },
+)
 def build_reader(name: str, config: Any, head: Any, spec: TaskSpec) -> Reader:
     """The reader with the memory ``name`` names (``--model``): ``dnc`` the memory controller,
     ``none`` no memory, another core in the controller's place; ``spec.options['reader']``

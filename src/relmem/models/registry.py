@@ -79,22 +79,39 @@ def list_models(every: bool = False) -> list[str]:
 
 ArchitectureBuilder = Callable[[str, Any, Any, Any], nn.Module]
 _ARCHITECTURES: dict[str, ArchitectureBuilder] = {}
+# what an architecture reads of a core's section, by architecture and core: (fields, why)
+_ARCHITECTURE_READS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {}
 
 
-def register_architecture(name: str) -> Callable[[ArchitectureBuilder], ArchitectureBuilder]:
+def register_architecture(
+    name: str, *, reads: dict[str, tuple[tuple[str, ...], str]] | None = None
+) -> Callable[[ArchitectureBuilder], ArchitectureBuilder]:
     """Decorator registering a model shape other than ``encoder -> core -> head`` that a task
     asks for by ``TaskSpec.architecture`` (the reader of ``relmem train squad``):
     ``build(model_name, model_config, head_config, spec) -> model``, the core chosen by
     ``--model`` inside it. The model is called as ``model(inputs, state, lengths) -> (logits,
-    state)``, as every model the trainer builds."""
+    state)``, as every model the trainer builds.
+
+    ``reads``: for a core the architecture builds in its own way, the fields of the core's
+    section it reads and why no more (``{'dnc': (('memory_size', ...), 'one write head')}``);
+    ``relmem train`` refuses the others (:func:`architecture_reads`). A core not named is read
+    whole."""
 
     def decorator(build: ArchitectureBuilder) -> ArchitectureBuilder:
         if name in _ARCHITECTURES:
             raise ValueError(f"architecture {name!r} is already registered")
         _ARCHITECTURES[name] = build
+        _ARCHITECTURE_READS[name] = dict(reads or {})
         return build
 
     return decorator
+
+
+def architecture_reads(name: str, core: str) -> tuple[tuple[str, ...], str] | None:
+    """``(fields, why)``: what the architecture ``name`` reads of the core ``core``'s section,
+    when it reads only part of it (:func:`register_architecture`); None when it reads it
+    whole."""
+    return _ARCHITECTURE_READS.get(name, {}).get(core)
 
 
 def get_architecture(name: str) -> ArchitectureBuilder:

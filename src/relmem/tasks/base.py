@@ -34,7 +34,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from relmem.models.registry import get_model
+from relmem.models.heads import get_head
+from relmem.models.registry import architecture_reads, get_model
 from relmem.models.spec import TaskSpec
 
 __all__ = [
@@ -51,21 +52,6 @@ __all__ = [
 ]
 
 _MASK64 = (1 << 64) - 1
-
-# The heads that read the training config's ``head`` section (relmem.models.heads: the MLPs);
-# the others are one linear map per step ('per_step') or a task's own ('lm_softmax').
-HEADS_WITH_OPTIONS = ("last", "per_step_mlp")
-# What an architecture that builds a core itself reads of the core's section, by architecture
-# and core, and why no more (relmem.models.reader builds its DNC as MemoryControllerLayer).
-ARCHITECTURE_READS = {
-    "reader": {
-        "dnc": (
-            ("memory_size", "word_size", "num_read_heads"),
-            "its memory controller has one GRU layer as wide as the document, one write head "
-            "and no clipping",
-        )
-    }
-}
 
 
 def _splitmix64(x: int) -> int:
@@ -406,17 +392,20 @@ class Task(ABC):
         core's section (``'dnc.num_write_heads'``). ``relmem train`` refuses a value other than
         the default for them, which would be accepted and change nothing.
 
-        By default: ``head`` unless ``spec.output`` is an MLP head of the usual shape (no
-        architecture of its own), and the options of the core's section that an architecture
-        building the core itself does not read (:data:`ARCHITECTURE_READS`).
+        By default: ``head`` unless the model is ``encoder -> core -> head`` with a head that
+        reads it (``register_head(..., reads_config=True)``: the MLPs), and the options of the
+        core's section that an architecture building the core itself does not read
+        (``register_architecture(..., reads=...)``).
         """
         spec, unused = self.spec, {}
-        if spec.architecture is not None or spec.output not in HEADS_WITH_OPTIONS:
+        if spec.architecture is not None or not get_head(spec.output).reads_config:
             built = f" of the {spec.architecture} architecture" if spec.architecture else ""
             unused["head"] = (
                 f"this task's model has no MLP head (its output is the {spec.output!r} head{built})"
             )
-        declared = ARCHITECTURE_READS.get(spec.architecture or "", {}).get(model)
+        declared = (
+            None if spec.architecture is None else architecture_reads(spec.architecture, model)
+        )
         if declared is not None:
             reads, reason = declared
             shown = ", ".join(f"--{model}.{name.replace('_', '-')}" for name in reads)
