@@ -144,7 +144,10 @@ def load_pretrained(
             return models.build_model(config.model, config.model_config(), config.head, spec)
 
         task = None
-    check_model_size(config, task, limit, build)
+    try:
+        check_model_size(config, task, limit, build)
+    except ValueError as exc:  # the sizes come from config.json: name it
+        raise exported.ExportError(f"{folder / exported.CONFIG_FILE}: {exc}") from None
     vocabulary = exported.read_vocabulary(folder, spec)
     model = build(config, task).to(device)
     exported.load_weights(folder, model, device)

@@ -213,6 +213,16 @@ def test_a_new_run_of_sizes_too_large_to_count_is_refused(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_new_run_whose_memory_would_not_fit_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A DNC of 2**20 slots has the parameters of one of 16; its link is 2**40 numbers."""
+    sizes = ["--model", "dnc", "--dnc.memory-size", str(2**20), "--dnc.word-size", "4"]
+    argv = [*NTH_FARTHEST, "--out-dir", str(tmp_path), "--run-name", "run", *sizes]
+    refused(capsys, argv, "--dnc.memory-size 1048576", "1,099,5", "numbers of recurrent state")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("command", ["eval", "plot", "resume"])
 def test_a_config_json_of_sizes_too_large_to_count_is_refused(
     nth_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str

@@ -51,7 +51,6 @@ HASHED = (MODEL_FILE, DATA_FILE, VOCAB_FILE)  # meta.json's SHA-256s (those pres
 _SECTIONS = ("format", "task_name", "task", "model", "head", "spec")
 MAX_JSON_BYTES = 16 * MiB  # config.json, meta.json, data.json: a few kilobytes when written
 MAX_VOCAB_BYTES = 256 * MiB  # vocab.json: a large corpus's words are tens of megabytes
-MAX_STATE_ELEMENTS = 1 << 28  # numbers in one example's recurrent state (1 GiB of float32)
 # the dtypes of model.safetensors' header, by the torch dtype a model's tensor has
 _SAFETENSORS_DTYPES = {
     torch.float64: "F64",
@@ -370,39 +369,6 @@ def _kind_of(value: Any) -> str:
     return kinds.get(type(value), "a number" if isinstance(value, (int, float)) else "null")
 
 
-def check_state_size(model: nn.Module, where: Path) -> int:
-    """The numbers one example's recurrent state holds in ``model``, counted on the ``meta``
-    device (nothing is allocated): the sum over its outermost modules with an
-    ``initial_state`` (the core; each memory layer of the reader).
-
-    A memory's size is not in its parameter count (a DNC of 2**20 slots has the parameters
-    of one of 16, and a link matrix of 2**40 numbers per example), so it is bounded apart.
-
-    Raises:
-        ExportError: more than :data:`MAX_STATE_ELEMENTS`, naming ``where`` (the config).
-    """
-
-    def numbers(state: Any) -> int:  # a tensor, or (named) tuples and lists of them
-        if isinstance(state, torch.Tensor):
-            return state.numel()
-        return sum(map(numbers, state)) if isinstance(state, (tuple, list)) else 0
-
-    def count(module: nn.Module) -> int:
-        initial_state = getattr(module, "initial_state", None)
-        if not callable(initial_state):
-            return sum(count(child) for child in module.children())
-        return numbers(initial_state(1, device=torch.device("meta")))
-
-    elements = count(model)
-    if elements > MAX_STATE_ELEMENTS:
-        raise ExportError(
-            f"{where}: the model's memory holds {elements:,} numbers per example, more than "
-            f"the {MAX_STATE_ELEMENTS:,} relmem builds (its memory sizes, such as "
-            "dnc.memory_size or rmc.mem_slots, were edited): it is not a model relmem exported"
-        )
-    return elements
-
-
 def check_files(folder: Path) -> dict[str, Any]:
     """``meta.json`` once the files it hashes (the weights, ``data.json``, ``vocab.json``)
     match it.
@@ -466,8 +432,8 @@ def check_weights(folder: Path) -> None:
 
 def load_weights(folder: Path, model: nn.Module, device: torch.device | str = "cpu") -> int:
     """Load an exported folder's weights into ``model`` (strict), after :func:`check_weights`,
-    :func:`check_files`, :func:`check_dtypes` and :func:`check_state_size`; the step they were
-    saved at.
+    :func:`check_files` and :func:`check_dtypes`; the step they were saved at (the model's
+    sizes are bounded before it is built: :func:`relmem.train.runs.check_model_size`).
 
     Raises:
         ExportError: naming the file that is wrong.
@@ -477,7 +443,6 @@ def load_weights(folder: Path, model: nn.Module, device: torch.device | str = "c
     step = check_files(folder)["step"]
     file = folder / MODEL_FILE
     check_dtypes(file, model)
-    check_state_size(model, folder / CONFIG_FILE)
     try:
         missing, unexpected = load_model(unwrap(model), str(file), strict=True, device=str(device))
     except (SafetensorError, RuntimeError, OSError) as exc:

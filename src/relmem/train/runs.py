@@ -38,6 +38,7 @@ from relmem.train.lock import LOCK_FILE
 
 # The most parameters a command builds unless --max-parameters lifts it (2^28 float32 weights are
 # 1 GiB, Adam's moments twice that): a config.json from elsewhere cannot ask for any allocation.
+MAX_STATE_ELEMENTS = 1 << 28  # numbers in one example's recurrent state (1 GiB of float32)
 MAX_PARAMETERS = 2**28
 
 DATA_FILE = "data.json"  # the task's data identity (Task.data_identity) when the run started
@@ -55,34 +56,37 @@ def check_model_size(
     build: ModelBuilder | None = None,
 ) -> int:
     """The parameter count of ``config``'s model for ``task``, counted on the ``meta`` device
-    (nothing is allocated).
+    (nothing is allocated), once its recurrent state is within :data:`MAX_STATE_ELEMENTS` per
+    example: a memory's size is not in its parameter count (a DNC of 2**20 slots has the
+    parameters of one of 16, and a link matrix of 2**40 numbers per example).
 
     Args:
         build: ``build(config, task) -> model`` (None: :func:`build_model`; an RL task's agent
             builder otherwise).
 
     Raises:
-        ValueError: more than ``max_parameters``, or sizes too large to count (a tensor's
-            size overflows, which the cores report as a ``MemoryError``); the message names
-            the model's sizes and ``--max-parameters``.
+        ValueError: more than ``max_parameters``, a state over :data:`MAX_STATE_ELEMENTS`, or
+            sizes too large to count (a tensor's size overflows, which the cores report as a
+            ``MemoryError``); the message names the model's sizes and the bound.
     """
     try:
         with torch.device("meta"):
             model = (build or build_model)(config, task)
+            state = state_elements(model)
     except (RuntimeError, OverflowError, TypeError, MemoryError) as exc:
         if not isinstance(exc, MemoryError) and "overflow" not in str(exc).lower():
             raise
-        section = dataclasses.asdict(config.model_config())
-        sizes = ", ".join(
-            f"--{config.model}.{name.replace('_', '-')} {value}"
-            for name, value in section.items()
-            if isinstance(value, int) and not isinstance(value, bool)
-        )
         reason = str(exc).splitlines()[0].removesuffix("; choose smaller sizes")[:200]
         raise ValueError(
-            f"model {config.model!r} as configured ({sizes}) is too large to build, far past "
-            f"--max-parameters {max_parameters:,} ({reason}); choose smaller sizes"
+            f"model {config.model!r} as configured ({_sizes(config)}) is too large to build, far "
+            f"past --max-parameters {max_parameters:,} ({reason}); choose smaller sizes"
         ) from None
+    if state > MAX_STATE_ELEMENTS:
+        raise ValueError(
+            f"model {config.model!r} as configured ({_sizes(config)}) keeps {state:,} numbers "
+            f"of recurrent state per example, more than the {MAX_STATE_ELEMENTS:,} relmem "
+            "builds (a memory that large would not fit in memory); choose smaller sizes"
+        )
     count = models.count_parameters(model)
     if count > max_parameters:
         raise ValueError(
@@ -90,6 +94,31 @@ def check_model_size(
             f"--max-parameters {max_parameters:,}; pass a larger --max-parameters to build it"
         )
     return count
+
+
+def _sizes(config: TrainConfig) -> str:
+    """The integer options of ``config``'s model section, as command-line options."""
+    return ", ".join(
+        f"--{config.model}.{name.replace('_', '-')} {value}"
+        for name, value in dataclasses.asdict(config.model_config()).items()
+        if isinstance(value, int) and not isinstance(value, bool)
+    )
+
+
+def state_elements(model: nn.Module) -> int:
+    """The numbers one example's recurrent state holds in ``model`` (built on the ``meta``
+    device: nothing is allocated): the sum over its outermost modules with an
+    ``initial_state`` (the core; each memory layer of the reader)."""
+
+    def numbers(state: Any) -> int:  # a tensor, or (named) tuples and lists of them
+        if isinstance(state, torch.Tensor):
+            return state.numel()
+        return sum(map(numbers, state)) if isinstance(state, (tuple, list)) else 0
+
+    initial_state = getattr(model, "initial_state", None)
+    if not callable(initial_state):
+        return sum(state_elements(child) for child in model.children())
+    return numbers(initial_state(1, device=torch.device("meta")))
 
 
 def check_options_read(config: TrainConfig, task: Task) -> None:
@@ -473,7 +502,10 @@ def load_trained(
     check_data_identity(run_dir, task)
     if folder:
         exported.check_spec(Path(run_dir), None if entry.trainer is not None else task.spec)
-    check_model_size(config, task, max_parameters, build)
+    try:
+        check_model_size(config, task, max_parameters, build)
+    except ValueError as exc:  # the sizes come from the run's config.json: name it
+        raise ValueError(f"{Path(run_dir) / 'config.json'}: {exc}") from None
     if folder:
         model = (build or build_model)(config, task).to(device)
         exported.load_weights(Path(run_dir), model, device)
