@@ -452,6 +452,7 @@ def test_no_exported_file_holds_the_runs_paths(lm_export, tmp_path, capsys, monk
     assert cli.main(["eval", str(folder), "--json-out", str(tmp_path / "e.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "data" in err, err
+    assert "the task section of its config.json names the data" in err, err
     config["task"]["data_dir"] = str(root / "data")  # what the card says to do
     (folder / "config.json").write_text(json.dumps(config))
     assert cli.main(["eval", str(folder), "--json-out", str(tmp_path / "e.json")]) == 0

@@ -498,7 +498,16 @@ def load_trained(
             f"--checkpoint {checkpoint}: {run_dir} is an exported model, which holds one set of "
             "weights (pass the run directory to choose among its checkpoints)"
         )
-    task = entry.build(config.task)
+    try:
+        task = entry.build(config.task)
+    except (OSError, ValueError) as exc:
+        if not folder:
+            raise
+        raise ValueError(
+            f"{' '.join(str(exc).split()).rstrip('.')} ({run_dir} is an exported model: "
+            f"the task section of its config.json names the data it was trained on; point "
+            f"those names at your copy)"
+        ) from None
     check_data_identity(run_dir, task)
     if folder:
         exported.check_spec(Path(run_dir), None if entry.trainer is not None else task.spec)
