@@ -329,6 +329,19 @@ def test_eval_on_a_data_file_with_a_lone_surrogate(trained_run, tmp_path: Path, 
     assert not out.exists()
 
 
+@pytest.mark.parametrize("data", ["/dev/null", "folder"])
+def test_eval_on_a_data_file_that_is_not_a_file(trained_run, tmp_path: Path, capsys, data) -> None:
+    """Case 6, through ``relmem eval --data``: the option is named as the user gave it."""
+    run, _ = trained_run
+    path = Path(data) if data.startswith("/") else tmp_path
+    capsys.readouterr()
+    out = tmp_path / "eval.json"
+    assert cli.main(["eval", str(run), "--data", str(path), "--json-out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"relmem eval: error: --data {path} is a "), err
+    assert "pass a squad data file" in err and not out.exists()
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [

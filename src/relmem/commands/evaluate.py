@@ -26,7 +26,7 @@ import torch
 import tyro
 
 from relmem.commands.errors import describe_error
-from relmem.files import read_json
+from relmem.files import FileRefused, open_regular, read_json
 from relmem.tasks.registry import get_task
 from relmem.train.checkpoint import MAX_META_BYTES, META_FILE, CheckpointError
 from relmem.train.distributed import resolve_device
@@ -91,6 +91,10 @@ def main(argv: list[str]) -> int:
             if args.data is not None:
                 if not hasattr(config.task, "dev_file"):
                     raise ValueError(f"--data: {task_name} runs read no data file")
+                try:  # named as the user gave it (the task would call it --task.dev-file)
+                    os.close(open_regular(args.data))
+                except FileRefused as exc:
+                    raise ValueError(f"--data {exc}; pass a {task_name} data file") from None
                 config.task.dev_file = args.data.expanduser().absolute()
             task = get_task(task_name).build(config.task)
         if device.type == "cpu" and isinstance(config.cpu_threads, int):
