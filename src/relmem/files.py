@@ -123,10 +123,14 @@ def read_json(path: str | os.PathLike[str], max_bytes: int | None = None) -> Any
     try:
         return json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise FileRefused(f"{_named(path)} is not UTF-8 text (byte {exc.start})") from None
+        raise FileRefused(
+            f"{_named(path)} is not UTF-8 text (byte {exc.start}), so not the JSON file relmem "
+            "reads there (a binary file, such as a pickle, in its place?)"
+        ) from None
     except json.JSONDecodeError as exc:
         raise FileRefused(
-            f"{_named(path)} is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+            f"{_named(path)} is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno}), "
+            "so not the file relmem reads there"
         ) from None
     except RecursionError:
         raise FileRefused(

@@ -151,7 +151,7 @@ def assert_refused(folder: Path, names: str, match: str, capsys, command: list[s
     capsys.readouterr()
     assert cli.main([*command[:1], str(folder), *command[1:]]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and names in err, err
+    assert err.count("\n") == 1 and names in err and match in err, err
 
 
 # 1. a config.json names classes from a closed table; it never names a module to import

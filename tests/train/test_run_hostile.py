@@ -191,6 +191,22 @@ def test_evaluations_on_other_data_keep_each_others_predictions(
     assert not (run / "x-predictions-y.json").exists()
 
 
+@pytest.mark.parametrize("name", ["config.json", "predictions.json", "eval.json"])
+def test_json_out_never_replaces_a_file_that_is_not_a_record(
+    nth_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """A run's config.json (or a predictions file of an older relmem) is not a record."""
+    run = shutil.copytree(nth_run, tmp_path / "run")
+    target = run / name
+    if name != "config.json":
+        target.write_text('{"q1": "an answer"}')
+    before = target.read_bytes()
+    refused(capsys, ["eval", str(run), "--json-out", str(target)], f"--json-out {target}")
+    assert target.read_bytes() == before
+    assert cli.main(["eval", str(run), "--json-out", str(tmp_path / "e.json")]) == 0
+    assert cli.main(["eval", str(run), "--json-out", str(tmp_path / "e.json")]) == 0  # a record
+
+
 # 4. sizes too large to count, in a new run or a run's config.json
 
 HUGE = {"head_size": 2**20, "num_heads": 2**10}

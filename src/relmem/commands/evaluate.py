@@ -242,18 +242,25 @@ def _predictions_path(args: EvalArgs) -> Path:
 
 
 def _check_record_path(args: EvalArgs) -> None:
-    """Refuse a record path that cannot be written, or that an evaluation's predictions file
-    is named like, before the evaluation runs.
+    """Refuse a record path that cannot be written, that an evaluation's predictions file is
+    named like, or that holds another file (a run's ``config.json``), before the evaluation
+    runs.
 
     Raises:
-        ValueError: its folder is missing or not writable, or it is named like a predictions
-            file (naming ``--json-out``).
+        ValueError: its folder is missing or not writable, it is named like a predictions
+            file, or it is a file other than an earlier record (naming ``--json-out``).
     """
     out = _record_path(args)
     if PREDICTIONS_INFIX in out.name:
         raise ValueError(
             f"--json-out {out}: files named RECORD{PREDICTIONS_INFIX}DATA.json hold "
             "evaluations' predictions, and the record would overwrite one; name it otherwise"
+        )
+    if out.exists() and not _is_record(out):
+        raise ValueError(
+            f"--json-out {out} exists and is not an evaluation record (a JSON object with the "
+            "task, model, checkpoint and step relmem eval writes); it is never replaced: "
+            "choose another path"
         )
     if args.json_out is None and not out.parent.is_dir():
         return  # no run directory: reading the run says so
@@ -264,6 +271,15 @@ def _check_record_path(args: EvalArgs) -> None:
         raise ValueError(
             f"--json-out {out}{given}: {out.parent} is not writable; pass --json-out elsewhere"
         )
+
+
+def _is_record(path: Path) -> bool:
+    """Whether ``path`` holds an earlier evaluation's record (which a new one replaces)."""
+    try:
+        record = read_json(path, MAX_META_BYTES)
+    except FileRefused:
+        return False
+    return isinstance(record, dict) and {"task", "model", "checkpoint", "step"} <= set(record)
 
 
 def _step_of(ckpt: Path) -> int:

@@ -438,7 +438,7 @@ def load_run_config(run_dir: Path) -> tuple[str, TrainConfig]:
     path = Path(run_dir) / "config.json"
     if not Path(run_dir).exists():
         raise FileNotFoundError(f"{run_dir} does not exist")
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():  # one that is there is read, or refused
         raise FileNotFoundError(f"{path} not found: is {run_dir} a relmem run directory?")
     data = read_json_object(path, not_an_object=TypeError)
     if "format" in data:  # an exported model's folder
