@@ -18,13 +18,22 @@ callers with their own error class (``SquadError``, ``ExportError``) wrap it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-__all__ = ["MiB", "FileRefused", "open_regular", "read_bytes", "read_json"]
+__all__ = [
+    "MiB",
+    "FileRefused",
+    "file_sha1",
+    "open_regular",
+    "read_bytes",
+    "read_json",
+    "stream_sha1",
+]
 
 MiB = 1 << 20
 
@@ -137,3 +146,21 @@ def read_json(path: str | os.PathLike[str], max_bytes: int | None = None) -> Any
             f"{_named(path)} is JSON nested deeper than relmem reads (lists or objects inside "
             "each other thousands deep): it is not a file relmem wrote or reads"
         ) from None
+
+
+def stream_sha1(handle: BinaryIO) -> str:
+    """SHA-1 of the bytes ``handle`` reads, from where it stands to the end."""
+    digest = hashlib.sha1()
+    for block in iter(lambda: handle.read(1 << 20), b""):
+        digest.update(block)
+    return digest.hexdigest()
+
+
+def file_sha1(path: str | os.PathLike[str]) -> str:
+    """SHA-1 of a regular file's bytes (content, never size and time, keys relmem's caches).
+
+    Raises:
+        FileRefused: as :func:`open_regular`.
+    """
+    with os.fdopen(open_regular(path), "rb") as handle:
+        return stream_sha1(handle)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from relmem import cli
+from relmem.files import file_sha1
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "squad"
 
@@ -172,13 +173,21 @@ def test_evaluations_on_other_data_keep_each_others_predictions(
     other = tmp_path / "other-dev.json"  # the sample's articles but its first
     sample = json.loads((SAMPLE / "sample-v1.1.json").read_text())
     other.write_text(json.dumps(sample | {"data": sample["data"][1:]}))
+    same_name = tmp_path / "elsewhere" / "other-dev.json"  # other data, the same file name
+    same_name.parent.mkdir()
+    same_name.write_text(json.dumps(sample | {"data": sample["data"][2:]}))
     assert cli.main(["eval", str(run)]) == 0
     assert cli.main(["eval", str(run), "--data", str(other)]) == 0
-    held_out = json.loads((run / "eval-predictions-held-out.json").read_text())
-    on_other = json.loads((run / "eval-predictions-other-dev.json").read_text())
-    assert held_out.keys() != on_other.keys()
+    name = f"eval-predictions-other-dev-{file_sha1(other)[:10]}.json"
     record = json.loads((run / "eval.json").read_text())
-    assert record["predictions"] == "eval-predictions-other-dev.json"
+    assert record["predictions"] == name
+    assert cli.main(["eval", str(run), "--data", str(same_name)]) == 0
+    held_out = json.loads((run / "eval-predictions-held-out.json").read_text())
+    on_other = json.loads((run / name).read_text())
+    on_same_name = json.loads(
+        (run / json.loads((run / "eval.json").read_text())["predictions"]).read_text()
+    )
+    assert len({frozenset(held_out), frozenset(on_other), frozenset(on_same_name)}) == 3
     out = tmp_path / "records" / "step-2.json"
     out.parent.mkdir()
     assert cli.main(["eval", str(run), "--json-out", str(out)]) == 0

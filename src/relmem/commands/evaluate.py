@@ -26,7 +26,7 @@ import torch
 import tyro
 
 from relmem.commands.errors import describe_error
-from relmem.files import FileRefused, open_regular, read_json
+from relmem.files import FileRefused, file_sha1, open_regular, read_json
 from relmem.tasks.registry import get_task
 from relmem.train.checkpoint import MAX_META_BYTES, META_FILE, CheckpointError
 from relmem.train.distributed import resolve_device
@@ -234,10 +234,11 @@ def _record_path(args: EvalArgs) -> Path:
 
 def _predictions_path(args: EvalArgs) -> Path:
     """Where a task's official predictions go: beside the record, named after it and the data
-    evaluated (``eval-predictions-held-out.json``, ``eval-predictions-FILE.json`` for ``--data
-    FILE.json``), so that an evaluation on other data keeps the earlier one's."""
+    evaluated (``eval-predictions-held-out.json``; ``eval-predictions-FILE-SHA1.json`` for
+    ``--data FILE.json``, the first 10 digits of its content's SHA-1), so that an evaluation
+    on other data, even a file of the same name, keeps the earlier one's."""
     out = _record_path(args)
-    data = "held-out" if args.data is None else args.data.stem
+    data = "held-out" if args.data is None else f"{args.data.stem}-{file_sha1(args.data)[:10]}"
     return out.with_name(f"{out.stem}{PREDICTIONS_INFIX}{data}.json")
 
 

@@ -28,14 +28,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from relmem.files import open_regular
+from relmem.files import file_sha1
 from relmem.tasks.reading.squad import SquadFile, align, read_squad, tokenize
 
 __all__ = [
@@ -54,24 +54,6 @@ PAD, UNK = 0, 1
 TOKENIZER = "tokenizers.BertPreTokenizer"
 CACHE_DIR = ".relmem-cache"
 CACHE_VERSION = 1
-
-
-def stream_sha1(handle: BinaryIO) -> str:
-    """SHA-1 of the bytes ``handle`` reads, from where it stands to the end."""
-    digest = hashlib.sha1()
-    for block in iter(lambda: handle.read(1 << 20), b""):
-        digest.update(block)
-    return digest.hexdigest()
-
-
-def file_sha1(path: Path) -> str:
-    """SHA-1 of a regular file's bytes.
-
-    Raises:
-        FileRefused: ``path`` is missing or not a regular file.
-    """
-    with os.fdopen(open_regular(path), "rb") as handle:
-        return stream_sha1(handle)
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from relmem.files import FileRefused, open_regular
-from relmem.tasks.reading.data import CACHE_DIR, PAD, Vocabulary, stream_sha1, write_cache
+from relmem.files import FileRefused, open_regular, stream_sha1
+from relmem.tasks.reading.data import CACHE_DIR, PAD, Vocabulary, write_cache
 
 __all__ = ["read_word_vectors"]
 
