@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from reading_sample import train_args
 
 from relmem import cli
+from relmem.models.reader import Reader
 from relmem.tasks.base import LazyRows, row_chunks
 from relmem.train.evaluation import evaluate
 from relmem.train.runs import load_trained
@@ -54,4 +56,22 @@ def test_the_reader_evaluates_chunk_by_chunk_as_in_one_pass(reader) -> None:
     for key in ("loss", "f1", "exact_match"):
         assert chunked[key] == pytest.approx(one_pass[key], rel=1e-6, abs=1e-9)
     assert chunked["groups"] == pytest.approx(one_pass["groups"])
-    assert task.predictions(model, held, chunk=3) == task.predictions(model, whole, chunk=10**6)
+    in_chunks = evaluate(model, task, held, chunk=3, predictions=True)["predictions"]
+    assert in_chunks == evaluate(model, task, whole, chunk=10**6, predictions=True)["predictions"]
+    assert len(in_chunks) == held.size and all(isinstance(v, str) for v in in_chunks.values())
+
+
+def test_eval_reads_each_held_out_question_once(squad_dir: Path, tmp_path: Path, monkeypatch):
+    """The metrics and the predictions file come from one forward pass over the rows."""
+    assert cli.main(train_args(squad_dir, tmp_path, "run", "--steps", "1")) == 0
+    rows: list[int] = []
+    forward = Reader.forward
+
+    def counting(self, inputs, *args, **kwargs):
+        rows.append(inputs.shape[0])
+        return forward(self, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(Reader, "forward", counting)
+    assert cli.main(["eval", str(tmp_path / "run")]) == 0
+    predictions = json.loads((tmp_path / "run" / "eval-predictions-held-out.json").read_text())
+    assert sum(rows) == len(predictions) == 18  # the sample's questions

@@ -102,8 +102,8 @@ def main(argv: list[str]) -> int:
             # other work on a busy machine (a squad run's token steps are too small to share)
             torch.set_num_threads(config.cpu_threads)
         held_out = task.held_out(device)
-        result = evaluate(model, task, held_out, progress=True)
-        answers = task.predictions(model, held_out)
+        result = evaluate(model, task, held_out, progress=True, predictions=True)
+        answers = result.pop("predictions")  # of the same forward passes as the metrics
         official = None if answers is None else task.report(answers, held_out)
         more = {name: evaluate(model, task, b) for name, b in task.more_held_out(device).items()}
         levels = task.breakdown(device)

@@ -431,11 +431,12 @@ class Task(ABC):
         model can be used without the task's data."""
         return None
 
-    def predictions(self, model: torch.nn.Module, batch: Batch) -> dict[str, Any] | None:
-        """``model``'s outputs on ``batch`` in the task's official predictions format (a
-        reading task's ``{question id: answer text}``), which ``relmem eval`` writes beside its
-        record (``eval-predictions-held-out.json``); None (the default): the task has no such
-        format."""
+    def predictions(self, logits: Tensor, batch: Batch) -> dict[str, Any] | None:
+        """The model's outputs ``logits`` on ``batch`` in the task's official predictions
+        format (a reading task's ``{question id: answer text}``), which ``relmem eval`` collects
+        from its one pass over the held-out rows (``evaluate(..., predictions=True)``) and
+        writes beside its record (``eval-predictions-held-out.json``); None (the default): the
+        task has no such format."""
         return None
 
     def report(self, predictions: dict[str, Any], batch: Batch) -> dict[str, dict[str, float]]:

@@ -88,9 +88,17 @@ class Totals:
 
 
 def forward_batch(
-    model: nn.Module, task: Task, batch: Batch, totals: Totals, *, bf16: bool = False
+    model: nn.Module,
+    task: Task,
+    batch: Batch,
+    totals: Totals,
+    *,
+    bf16: bool = False,
+    predictions: dict[str, Any] | None = None,
 ) -> None:
-    """Run ``model`` over ``batch`` from its initial state and add the measures to ``totals``.
+    """Run ``model`` over ``batch`` from its initial state and add the measures to ``totals``
+    (and, given a ``predictions`` dict, the task's official predictions of the same outputs:
+    :meth:`~relmem.tasks.base.Task.predictions`).
 
     A stateful task's rows are walked in windows of ``task.spec.seq_len`` steps, the state
     carried from each window to the next; other tasks take the rows in one forward pass.
@@ -103,6 +111,8 @@ def forward_batch(
         with autocast(batch.inputs.device, bf16):
             logits, state = model(window.inputs, state, lengths=window.lengths)
         totals.add(task.measure(logits, window), window.groups)
+        if predictions is not None:
+            predictions.update(task.predictions(logits, window) or {})
 
 
 @torch.no_grad()
@@ -115,6 +125,7 @@ def evaluate(
     chunk: int = 4000,
     bf16: bool = False,
     progress: bool = False,
+    predictions: bool = False,
 ) -> dict[str, Any]:
     """Loss and primary metric of ``model`` on ``batch``, sharded over ranks and summed.
 
@@ -133,11 +144,13 @@ def evaluate(
             windows, its state carried across the whole split).
         bf16: bfloat16 autocast (CUDA).
         progress: show a progress bar on stderr once the evaluation has taken 2 s.
+        predictions: also collect the task's official predictions of the same forward passes
+            (this process's rows), under ``'predictions'`` (None for a task without them).
 
     Returns:
         ``{'loss', task.metric.name, extra metrics, 'count', 'groups': {group id: metric}}``:
         sums over counts over the batch and over each group (``count`` is the number of
-        sequences).
+        sequences); with ``predictions``, ``'predictions'`` too.
     """
     info = info or DistInfo()
     was_training = model.training
@@ -147,11 +160,15 @@ def evaluate(
     rows = torch.arange(info.rank, batch.size, info.world_size, device=device)
     # a set of fewer rows than ranks leaves some ranks none: they add zeros to the sums
     parts = row_chunks(rows, batch.lengths, chunk) if rows.numel() else []
+    answers: dict[str, Any] | None = {} if predictions else None
     bar = tqdm(total=rows.numel(), unit="seq", delay=2, disable=not progress, leave=False)
     for part in parts:
-        forward_batch(model, task, batch.select(part), totals, bf16=bf16)
+        forward_batch(model, task, batch.select(part), totals, bf16=bf16, predictions=answers)
         bar.update(part.numel())
     bar.close()
     totals.all_reduce(info)
     model.train(was_training)
-    return {**totals.means(), "count": batch.size, "groups": totals.group_means()}
+    result = {**totals.means(), "count": batch.size, "groups": totals.group_means()}
+    if predictions:
+        result["predictions"] = answers or None
+    return result

@@ -30,7 +30,7 @@ import tyro
 from torch import Tensor
 
 from relmem.models.reader import ReaderOptions
-from relmem.tasks.base import Batch, LazyRows, Measure, MetricSpec, Task, TaskSpec, row_chunks
+from relmem.tasks.base import Batch, LazyRows, Measure, MetricSpec, Task, TaskSpec
 from relmem.tasks.reading import sources
 from relmem.tasks.reading.data import (
     EncodedSplit,
@@ -385,25 +385,11 @@ class Reading(Task):
             texts.append(text)
         return texts
 
-    def predictions(
-        self, model: torch.nn.Module, batch: Batch | LazyRows, chunk: int = 4000
-    ) -> dict[str, str]:
-        """``{question id: predicted answer}`` of ``model`` on ``batch`` (the official
-        predictions file's content), read in chunks of similar lengths
-        (:func:`~relmem.tasks.base.row_chunks`) under ``no_grad``."""
-        was_training = model.training
-        model.eval()
-        answers: dict[str, str] = {}
-        rows = torch.arange(batch.size, device=batch.device)
-        with torch.no_grad():
-            for part in row_chunks(rows, batch.lengths, chunk):
-                rows_batch = batch.select(part)
-                logits, _ = model(rows_batch.inputs, None, lengths=rows_batch.lengths)
-                texts = self.predicted_texts(logits, rows_batch)
-                for row, text in enumerate(texts):
-                    answers[self._question(rows_batch, row).qid] = text
-        model.train(was_training)
-        return answers
+    def predictions(self, logits: Tensor, batch: Batch) -> dict[str, str]:
+        """``{question id: predicted answer}`` of the reader's ``logits`` on ``batch`` (the
+        official predictions file's content)."""
+        texts = self.predicted_texts(logits, batch)
+        return {self._question(batch, row).qid: text for row, text in enumerate(texts)}
 
     def report(
         self, predictions: dict[str, str], batch: Batch | LazyRows
