@@ -1,9 +1,11 @@
 """``relmem answer RUN_DIR --context FILE_OR_TEXT --question "..."``: a trained reader's answer.
 
-The run's best weights are used; ``--context`` is a text file's path, or the text itself. The
-answer is printed with the reader's probability for it and where it stands in the text (its
-character offsets, line and a window of the context around it). A long context shows a
-progress bar on stderr once reading it has taken 2 seconds.
+The run's best weights are used; ``--context`` is a text file's path, or the text itself, of
+any length: it is cut into paragraphs, ranked against each question, and the ``--paragraphs``
+best are read. The answer is printed with the reader's probability and score for it and where it
+stands in the text (its character offsets, line, paragraph and a window of the context around
+it), and with ``--top N`` the N - 1 next best. A long read shows a progress bar on stderr once
+it has taken 2 seconds.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import tyro
 
 from relmem.commands.errors import describe_error
 from relmem.files import FileRefused, read_bytes
-from relmem.tasks.reading.answer import check_text
+from relmem.tasks.reading.answer import PARAGRAPHS, Answer, check_text
 from relmem.train.checkpoint import CheckpointError
 from relmem.train.distributed import resolve_device
 
@@ -31,6 +33,8 @@ class AnswerArgs:
         context: the text to read: a file's path, or the text itself (text with no whitespace
             that looks like a path must be a file that exists).
         question: the question (repeat the option to ask several).
+        paragraphs: read the N paragraphs ranked best for each question (0: all of them).
+        top: print the N best answers, each from another span.
         checkpoint: a checkpoint directory instead of the run's best.
         device: auto, cpu, cuda or mps.
     """
@@ -38,6 +42,8 @@ class AnswerArgs:
     run_dir: Annotated[Path, tyro.conf.Positional]
     context: str
     question: Annotated[list[str], tyro.conf.UseAppendAction] = field(default_factory=list)
+    paragraphs: int = PARAGRAPHS
+    top: int = 1
     checkpoint: Path | None = None
     device: str = "cpu"
 
@@ -88,6 +94,20 @@ def check_questions(questions: list[str]) -> None:
         check_text(which, question)
 
 
+def check_counts(paragraphs: int, top: int) -> None:
+    """Refuse a negative ``--paragraphs`` or a ``--top`` below 1.
+
+    Raises:
+        ValueError: naming the option and the fix.
+    """
+    if paragraphs < 0:
+        raise ValueError(
+            f"--paragraphs {paragraphs}: read at least 1 paragraph, or pass 0 to read them all"
+        )
+    if top < 1:
+        raise ValueError(f"--top {top}: print at least the best answer (--top 1)")
+
+
 def _ordinal(number: int) -> str:
     """``1st``, ``2nd``, ``3rd``, ``11th``."""
     suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10)
@@ -104,22 +124,32 @@ def main(argv: list[str]) -> int:
 
     try:
         check_questions(args.question)
+        check_counts(args.paragraphs, args.top)
         context = read_context(args.context)
         reader = load_reader(args.run_dir, args.checkpoint, str(resolve_device(args.device)))
-        answers = reader(context, args.question, progress=True)
+        answers = reader(
+            context, args.question, progress=True, paragraphs=args.paragraphs, top=args.top
+        )
     except (ValueError, TypeError, KeyError, CheckpointError, OSError) as exc:
         print(f"relmem answer: error: {describe_error(exc, '--checkpoint')}", file=sys.stderr)
         return 2
     assert isinstance(answers, list)
     for a in answers:
         print(f"Q: {a.question}")
-        if a.start < 0:
-            print(f"A: (no answer)  probability {a.probability:.3f}")
-            continue
-        line = context.count("\n", 0, a.start) + 1
-        before = context[max(0, a.start - 60) : a.start].replace("\n", " ")
-        after = context[a.end : a.end + 60].replace("\n", " ")
-        print(f"A: {a.text}  probability {a.probability:.3f}")
-        print(f"   characters {a.start}-{a.end} of {len(context)}, line {line}")
-        print(f"   ...{before}[[{a.text}]]{after}...")
+        print(f"A: {_summary(a)}")
+        if a.start >= 0:
+            before = context[max(0, a.start - 60) : a.start].replace("\n", " ")
+            after = context[a.end : a.end + 60].replace("\n", " ")
+            print(f"   characters {a.start}-{a.end} of {len(context)}")
+            print(f"   ...{before}[[{a.text}]]{after}...")
+        for rank, other in enumerate(a.alternatives, 2):
+            print(f"{rank:>2}. {_summary(other)}")
     return 0
+
+
+def _summary(a: Answer) -> str:
+    """An answer's text, probability, score and place (line, paragraph counted from 1)."""
+    scores = f"probability {a.probability:.3f}  score {a.score:.2f}"
+    if a.start < 0:
+        return f"(no answer)  {scores}"
+    return f"{a.text}  {scores}  line {a.line}, paragraph {a.paragraph + 1}"
