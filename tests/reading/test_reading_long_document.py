@@ -4,6 +4,7 @@ the question, the best few read; bad input refused with one line and exit status
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -14,8 +15,10 @@ from tokenizers.pre_tokenizers import BertPreTokenizer
 
 from relmem import cli
 from relmem.tasks.reading import answer, load_reader
-from relmem.tasks.reading.answer import top_spans
+from relmem.tasks.reading.answer import AnswerReader, top_spans
+from relmem.tasks.reading.data import Vocabulary
 from relmem.tasks.reading.ranking import Paragraph, ParagraphIndex, split_paragraphs
+from relmem.tasks.reading.task import ReadingConfig
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "squad" / "sample-v1.1.json"
 CONTEXTS = [
@@ -91,6 +94,42 @@ def test_top_spans_are_disjoint_and_best_first() -> None:
     assert top_spans(logits, max_tokens=3, n=1) == [(1, 2, 6.0)]
 
 
+class _Spotter(torch.nn.Module):
+    """A reader that scores the word ``karl`` 5 as start and end, every other token 0 and
+    "no answer" 1.5 + 1.5 (as a reader trained with unanswerable questions)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, inputs, state, lengths):
+        block = ReadingConfig().question_tokens
+        words = inputs[:, block:, 0]  # [B, T]
+        steps = torch.arange(words.shape[1])
+        scores = (words == 2).float() * 5.0  # [B, T]: id 2 is "karl"
+        scores = scores.masked_fill(steps >= (lengths - block).unsqueeze(1), float("-inf"))
+        null = torch.full((words.shape[0], 1), 1.5)
+        logits = torch.cat([null, scores], dim=1)  # [B, 1 + T]
+        return torch.stack([logits, logits], dim=-1), None  # [B, 1 + T, 2]
+
+
+def test_no_answer_only_when_every_paragraph_read_prefers_it() -> None:
+    reader = AnswerReader(Vocabulary(("karl",), ("a",)), ReadingConfig(), _Spotter())
+    text = "Nothing here.\n\nKarl decoded it.\n\nNor here."
+    result = reader(text, "Who?", paragraphs=0, top=2)
+    assert not isinstance(result, list)
+    assert (result.text, result.paragraph, result.line, result.score) == ("Karl", 1, 3, 10.0)
+    # one softmax over the three paragraphs: 3 "no answer" positions, Karl and 9 other tokens
+    norm = 3 * math.exp(1.5) + math.exp(5) + 9
+    assert result.probability == pytest.approx((math.exp(5) / norm) ** 2)
+    (second,) = result.alternatives  # "no answer" (3) beats every other span (0)
+    assert (second.text, second.start, second.paragraph, second.line) == ("", -1, -1, 0)
+    assert second.probability == pytest.approx((math.exp(1.5) / norm) ** 2)
+    none = reader("Nothing here.\n\nNor here.", "Who?", paragraphs=0)
+    assert not isinstance(none, list)
+    assert (none.text, none.start, none.score) == ("", -1, 3.0)
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     """A tiny reader trained on the sample (once for this module)."""
@@ -163,14 +202,19 @@ def test_answer_a_long_file_from_the_command_line(run: Path, tmp_path: Path, cap
     assert capsys.readouterr().out.startswith(f"Q: {question}\nA: ")
 
 
-def test_a_5_mb_line_and_repeated_paragraphs_are_answered(run: Path, tmp_path: Path) -> None:
-    reader = load_reader(run)
+def test_a_5_mb_line_and_repeated_paragraphs_are_answered(
+    run: Path, tmp_path: Path, capsys
+) -> None:
     line = " ".join(CONTEXTS) + " "
-    text = (line * (5_000_000 // len(line) + 1))[:5_000_000]
-    result = reader(text, "Who decoded the waggle dance?", top=2)
-    assert not isinstance(result, list)
-    _check(result, text)
-    assert result.line == 1
+    path = tmp_path / "one-line.txt"
+    path.write_text((line * (5_000_000 // len(line) + 1))[:5_000_000])
+    capsys.readouterr()
+    args = ["answer", str(run), "--context", str(path), "--question", "Who decoded the dance?"]
+    assert cli.main([*args, "--top", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("A: ") and "  line 1, paragraph " in out[1]
+    assert out[4].startswith(" 2. ") and len(out) == 5
+    reader = load_reader(run)
     repeated = "\n\n".join([CONTEXTS[3]] * 5 + [CONTEXTS[0]] * 5)
     result = reader(repeated, "Who decoded the waggle dance?", paragraphs=0, top=5)
     assert not isinstance(result, list)
