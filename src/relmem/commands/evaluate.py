@@ -20,13 +20,15 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import torch
 import tyro
 
 from relmem.commands.errors import describe_error
 from relmem.files import FileRefused, file_sha1, open_regular, read_json
+from relmem.tasks.reading.documents import held_out_articles
+from relmem.tasks.reading.task import Reading
 from relmem.tasks.registry import get_task
 from relmem.train.checkpoint import MAX_META_BYTES, META_FILE, CheckpointError
 from relmem.train.distributed import resolve_device
@@ -56,6 +58,10 @@ class EvalArgs:
             ``task.eval_seed``).
         data: a file to evaluate on instead of the run's held-out set, for a task that reads
             one (``squad``: any SQuAD-layout file; ``docs/reading.md``).
+        document: ``article`` (a reader): also answer each held-out question from its whole
+            article, the ``--paragraphs`` best BM25+ ranked paragraphs of it read, and report
+            those figures beside the paragraph's (``docs/reading.md`` §7).
+        paragraphs: with ``--document article``, the paragraphs read per question (0: all).
     """
 
     run_dir: Annotated[Path, tyro.conf.Positional]
@@ -66,6 +72,8 @@ class EvalArgs:
     max_parameters: int = MAX_PARAMETERS
     episodes: int = 1000
     data: Path | None = None
+    document: Literal["paragraph", "article"] = "paragraph"
+    paragraphs: int = 4
 
 
 def main(argv: list[str]) -> int:
@@ -76,6 +84,8 @@ def main(argv: list[str]) -> int:
         return int(exc.code or 0)
     try:
         _check_record_path(args)  # before the work
+        if args.paragraphs < 0:
+            raise ValueError(f"--paragraphs {args.paragraphs}: read at least 1 (0 reads all)")
         if get_task(load_run_config(args.run_dir)[0]).trainer is not None:
             return _evaluate_rl(args)
         device = resolve_device(args.device)
@@ -101,6 +111,8 @@ def main(argv: list[str]) -> int:
             # the run's own thread count: more threads than it trained with spin against
             # other work on a busy machine (a squad run's token steps are too small to share)
             torch.set_num_threads(config.cpu_threads)
+        if args.document == "article" and not isinstance(task, Reading):
+            raise ValueError(f"--document article: {task_name} runs read no documents")
         held_out = task.held_out(device)
         result = evaluate(model, task, held_out, progress=True, predictions=True)
         answers = result.pop("predictions")  # of the same forward passes as the metrics
@@ -108,6 +120,9 @@ def main(argv: list[str]) -> int:
         more = {name: evaluate(model, task, b) for name, b in task.more_held_out(device).items()}
         levels = task.breakdown(device)
         breakdown = None if levels is None else evaluate(model, task, levels)
+        article = None
+        if isinstance(task, Reading) and args.document == "article":
+            article = held_out_articles(task, model, args.paragraphs, progress=True)
     except (ValueError, TypeError, KeyError, CheckpointError, OSError) as exc:
         return _error(describe_error(exc, "--checkpoint"))
     metric = task.metric
@@ -138,13 +153,29 @@ def main(argv: list[str]) -> int:
     predictions = _predictions_path(args)
     if official is not None:
         _print_official(official)
-        if predictions.exists():
-            print(f"relmem eval: replacing {predictions} (predictions on the same data)")
-        try:
-            write_json(predictions, answers)
-        except OSError as exc:
-            return _error(f"{predictions} (the predictions): {exc.strerror or exc}")
-        print(f"written {predictions}")
+        if (failed := _write_predictions(predictions, answers)) is not None:
+            return _error(failed)
+    article_fields = {}
+    if article is not None:
+        reading, article_official = article
+        read = "all the paragraphs" if reading.paragraphs == 0 else f"the {reading.paragraphs} best"
+        print(
+            f"article-level: each question answered from {read} of its article's paragraphs "
+            f"(BM25+ ranked; {reading.articles} articles); its own paragraph among those read "
+            f"for {reading.recall:.1%} of the answerable questions"
+        )
+        _print_official(article_official)
+        article_predictions = _predictions_path(args, "-article")
+        if (failed := _write_predictions(article_predictions, reading.predictions)) is not None:
+            return _error(failed)
+        article_fields = {
+            "article": {
+                "paragraphs": reading.paragraphs,
+                "ranker_recall": reading.recall,
+                "official": article_official,
+                "predictions": article_predictions.name,
+            }
+        }
     fields = {
         "metric": metric.name,
         "group_name": task.group_name,
@@ -152,8 +183,21 @@ def main(argv: list[str]) -> int:
         **({} if breakdown is None else {"breakdown": breakdown}),
         **({"more_held_out": more} if more else {}),
         **({} if official is None else {"official": official, "predictions": predictions.name}),
+        **article_fields,
     }
     return _write_record(args, task_name, config.model, ckpt, step, fields)
+
+
+def _write_predictions(path: Path, answers: dict) -> str | None:
+    """Write a predictions file (saying so); the error line when it cannot be written."""
+    if path.exists():
+        print(f"relmem eval: replacing {path} (predictions on the same data)")
+    try:
+        write_json(path, answers)
+    except OSError as exc:
+        return f"{path} (the predictions): {exc.strerror or exc}"
+    print(f"written {path}")
+    return None
 
 
 def _print_official(official: dict[str, dict[str, float]]) -> None:
@@ -232,14 +276,15 @@ def _record_path(args: EvalArgs) -> Path:
     return args.json_out or Path(args.run_dir) / "eval.json"
 
 
-def _predictions_path(args: EvalArgs) -> Path:
+def _predictions_path(args: EvalArgs, reading: str = "") -> Path:
     """Where a task's official predictions go: beside the record, named after it and the data
     evaluated (``eval-predictions-held-out.json``; ``eval-predictions-FILE-SHA1.json`` for
-    ``--data FILE.json``, the first 10 digits of its content's SHA-1), so that an evaluation
-    on other data, even a file of the same name, keeps the earlier one's."""
+    ``--data FILE.json``, the first 10 digits of its content's SHA-1; ``reading`` after it:
+    ``-article`` for ``--document article``'s), so that an evaluation on other data, even a
+    file of the same name, keeps the earlier one's."""
     out = _record_path(args)
     data = "held-out" if args.data is None else f"{args.data.stem}-{file_sha1(args.data)[:10]}"
-    return out.with_name(f"{out.stem}{PREDICTIONS_INFIX}{data}.json")
+    return out.with_name(f"{out.stem}{PREDICTIONS_INFIX}{data}{reading}.json")
 
 
 def _check_record_path(args: EvalArgs) -> None:
