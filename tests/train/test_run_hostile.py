@@ -238,13 +238,25 @@ def test_a_new_run_of_sizes_too_large_to_count_is_refused(
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    ("sizes", "names"),
+    [
+        (  # a DNC of 2**20 slots has the parameters of one of 16; its link is 2**40 numbers
+            ["--model", "dnc", "--dnc.memory-size", str(2**20), "--dnc.word-size", "4"],
+            ["--dnc.memory-size 1048576", "1,099,5"],
+        ),
+        (  # an RMC of 16,384 one-wide slots: 2**14 parameters a slot, scores of 2**28
+            ["--rmc.mem-slots", "16384", "--rmc.head-size", "1"],
+            ["--rmc.mem-slots 16384", "268,4"],
+        ),
+    ],
+    ids=["dnc-link", "rmc-attention"],
+)
 def test_a_new_run_whose_memory_would_not_fit_is_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sizes: list[str], names: list[str]
 ) -> None:
-    """A DNC of 2**20 slots has the parameters of one of 16; its link is 2**40 numbers."""
-    sizes = ["--model", "dnc", "--dnc.memory-size", str(2**20), "--dnc.word-size", "4"]
     argv = [*NTH_FARTHEST, "--out-dir", str(tmp_path), "--run-name", "run", *sizes]
-    refused(capsys, argv, "--dnc.memory-size 1048576", "1,099,5", "numbers of recurrent state")
+    refused(capsys, argv, *names, "numbers of recurrent state")
     assert not (tmp_path / "run").exists()
 
 

@@ -38,7 +38,7 @@ from relmem.train.lock import LOCK_FILE
 
 # The most parameters a command builds unless --max-parameters lifts it (2^28 float32 weights are
 # 1 GiB, Adam's moments twice that): a config.json from elsewhere cannot ask for any allocation.
-MAX_STATE_ELEMENTS = 1 << 28  # numbers in one example's recurrent state (1 GiB of float32)
+MAX_STATE_ELEMENTS = 1 << 28  # one example's recurrent state and per-step attention (1 GiB f32)
 MAX_PARAMETERS = 2**28
 
 DATA_FILE = "data.json"  # the task's data identity (Task.data_identity) when the run started
@@ -56,9 +56,11 @@ def check_model_size(
     build: ModelBuilder | None = None,
 ) -> int:
     """The parameter count of ``config``'s model for ``task``, counted on the ``meta`` device
-    (nothing is allocated), once its recurrent state is within :data:`MAX_STATE_ELEMENTS` per
-    example: a memory's size is not in its parameter count (a DNC of 2**20 slots has the
-    parameters of one of 16, and a link matrix of 2**40 numbers per example).
+    (nothing is allocated), once its recurrent state and largest per-step intermediate are
+    within :data:`MAX_STATE_ELEMENTS` per example (:func:`state_elements`): a memory's size is
+    not in its parameter count (a DNC of 2**20 slots has the parameters of one of 16, and a
+    link matrix of 2**40 numbers per example; an RMC of 16,384 slots one width each, scores of
+    2**28).
 
     Args:
         build: ``build(config, task) -> model`` (None: :func:`build_model`; an RL task's agent
@@ -84,8 +86,9 @@ def check_model_size(
     if state > MAX_STATE_ELEMENTS:
         raise ValueError(
             f"model {config.model!r} as configured ({_sizes(config)}) keeps {state:,} numbers "
-            f"of recurrent state per example, more than the {MAX_STATE_ELEMENTS:,} relmem "
-            "builds (a memory that large would not fit in memory); choose smaller sizes"
+            f"of recurrent state (and per-step attention) per example, more than the "
+            f"{MAX_STATE_ELEMENTS:,} relmem builds (a memory that large would not fit in "
+            "memory); choose smaller sizes"
         )
     count = models.count_parameters(model)
     if count > max_parameters:
@@ -107,18 +110,24 @@ def _sizes(config: TrainConfig) -> str:
 
 def state_elements(model: nn.Module) -> int:
     """The numbers one example's recurrent state holds in ``model`` (built on the ``meta``
-    device: nothing is allocated): the sum over its outermost modules with an
-    ``initial_state`` (the core; each memory layer of the reader)."""
+    device: nothing is allocated), with its largest per-step intermediate: the state of its
+    outermost modules with an ``initial_state`` (the model, the core, each memory layer of the
+    reader) plus the largest ``step_elements`` a module's config declares (an RMC's attention
+    scores, :attr:`relmem.cores.rmc.RMCConfig.step_elements`)."""
 
     def numbers(state: Any) -> int:  # a tensor, or (named) tuples and lists of them
         if isinstance(state, torch.Tensor):
             return state.numel()
         return sum(map(numbers, state)) if isinstance(state, (tuple, list)) else 0
 
-    initial_state = getattr(model, "initial_state", None)
-    if not callable(initial_state):
-        return sum(state_elements(child) for child in model.children())
-    return numbers(initial_state(1, device=torch.device("meta")))
+    def state(module: nn.Module) -> int:
+        initial_state = getattr(module, "initial_state", None)
+        if not callable(initial_state):
+            return sum(state(child) for child in module.children())
+        return numbers(initial_state(1, device=torch.device("meta")))
+
+    steps = (getattr(getattr(m, "config", None), "step_elements", 0) for m in model.modules())
+    return state(model) + max(steps, default=0)
 
 
 def check_options_read(config: TrainConfig, task: Task) -> None:

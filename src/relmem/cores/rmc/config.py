@@ -202,6 +202,13 @@ class RMCConfig:
         """N·M, the flattened memory returned at every step."""
         return self.mem_slots * self.mem_size
 
+    @property
+    def step_elements(self) -> int:
+        """H·N·(N + n), the numbers of one example's largest per-step intermediate, an
+        attention's scores (a size check bounds it before anything is built: many slots of a
+        small width have few parameters and a small memory, and scores too large to hold)."""
+        return self.num_heads * self.mem_slots * (self.mem_slots + self.num_input_rows)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
