@@ -28,11 +28,11 @@ from typing import Any, BinaryIO
 __all__ = [
     "MiB",
     "FileRefused",
-    "file_sha1",
+    "file_digest",
     "open_regular",
     "read_bytes",
     "read_json",
-    "stream_sha1",
+    "stream_digest",
 ]
 
 MiB = 1 << 20
@@ -148,19 +148,24 @@ def read_json(path: str | os.PathLike[str], max_bytes: int | None = None) -> Any
         ) from None
 
 
-def stream_sha1(handle: BinaryIO) -> str:
-    """SHA-1 of the bytes ``handle`` reads, from where it stands to the end."""
-    digest = hashlib.sha1()
+def stream_digest(handle: BinaryIO, algorithm: str) -> str:
+    """The hex digest (``hashlib``'s ``algorithm``: ``"sha1"``, ``"sha256"``) of the bytes
+    ``handle`` reads, from where it stands to the end, a megabyte at a time."""
+    digest = hashlib.new(algorithm)
     for block in iter(lambda: handle.read(1 << 20), b""):
         digest.update(block)
     return digest.hexdigest()
 
 
-def file_sha1(path: str | os.PathLike[str]) -> str:
-    """SHA-1 of a regular file's bytes (content, never size and time, keys relmem's caches).
+def file_digest(path: str | os.PathLike[str], algorithm: str) -> str:
+    """The hex digest of a regular file's bytes (:func:`stream_digest`): content, never size
+    and time, keys relmem's caches and checks its checkpoints and exports.
 
     Raises:
-        FileRefused: as :func:`open_regular`.
+        FileRefused: as :func:`open_regular`, or the read failed.
     """
     with os.fdopen(open_regular(path), "rb") as handle:
-        return stream_sha1(handle)
+        try:
+            return stream_digest(handle, algorithm)
+        except OSError as exc:
+            raise FileRefused(f"cannot read {_named(Path(path))}: {exc.strerror or exc}") from None

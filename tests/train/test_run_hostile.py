@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from relmem import cli
-from relmem.files import file_sha1
+from relmem.files import file_digest
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "squad"
 
@@ -178,7 +178,7 @@ def test_evaluations_on_other_data_keep_each_others_predictions(
     same_name.write_text(json.dumps(sample | {"data": sample["data"][2:]}))
     assert cli.main(["eval", str(run)]) == 0
     assert cli.main(["eval", str(run), "--data", str(other)]) == 0
-    name = f"eval-predictions-other-dev-{file_sha1(other)[:10]}.json"
+    name = f"eval-predictions-other-dev-{file_digest(other, 'sha1')[:10]}.json"
     record = json.loads((run / "eval.json").read_text())
     assert record["predictions"] == name
     assert cli.main(["eval", str(run), "--data", str(same_name)]) == 0

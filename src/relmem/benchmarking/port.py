@@ -13,7 +13,6 @@ written for. Nothing else is changed.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import inspect
 import types
@@ -22,6 +21,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from relmem.files import file_digest
 
 PORT_FILE = "relational_rnn_general.py"
 PORT_CLASS = "RelationalMemory"
@@ -87,7 +88,7 @@ def load_port_class(path: Path) -> type[nn.Module]:
 
 def file_sha256(path: Path) -> str:
     """The hex SHA-256 of the file, recorded so a result names the exact copy timed."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return file_digest(path, "sha256")
 
 
 def port_arguments(port: type[nn.Module], rmc: dict[str, Any]) -> dict[str, Any] | None:

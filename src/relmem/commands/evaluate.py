@@ -26,7 +26,7 @@ import torch
 import tyro
 
 from relmem.commands.errors import describe_error
-from relmem.files import FileRefused, file_sha1, open_regular, read_json
+from relmem.files import FileRefused, file_digest, open_regular, read_json
 from relmem.tasks.reading.documents import held_out_articles
 from relmem.tasks.reading.task import Reading
 from relmem.tasks.registry import get_task
@@ -283,7 +283,11 @@ def _predictions_path(args: EvalArgs, reading: str = "") -> Path:
     ``-article`` for ``--document article``'s), so that an evaluation on other data, even a
     file of the same name, keeps the earlier one's."""
     out = _record_path(args)
-    data = "held-out" if args.data is None else f"{args.data.stem}-{file_sha1(args.data)[:10]}"
+    data = (
+        "held-out"
+        if args.data is None
+        else f"{args.data.stem}-{file_digest(args.data, 'sha1')[:10]}"
+    )
     return out.with_name(f"{out.stem}{PREDICTIONS_INFIX}{data}{reading}.json")
 
 

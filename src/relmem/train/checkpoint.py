@@ -22,7 +22,6 @@ naming the bad file and the previous complete checkpoint.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -36,7 +35,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from relmem.files import MiB, read_json
+from relmem.files import MiB, file_digest, read_json
 from relmem.train import faults
 
 CHECKPOINT_DIR = "checkpoints"
@@ -64,11 +63,7 @@ class CheckpointError(RuntimeError):
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return file_digest(path, "sha256")
 
 
 def _fsync(path: Path) -> None:

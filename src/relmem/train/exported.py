@@ -23,7 +23,6 @@ nothing a file names is imported (a spec's option classes come from a closed tab
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -34,7 +33,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model
 from torch import nn
 
-from relmem.files import FileRefused, MiB, open_regular, read_json
+from relmem.files import FileRefused, MiB, file_digest, open_regular, read_json
 from relmem.models.reader import ReaderOptions
 from relmem.models.spec import DecoderSpec, TaskSpec, option_class, option_name, option_names
 from relmem.tasks.registry import get_task
@@ -72,20 +71,16 @@ class ExportError(ValueError):
 
 
 def sha256(path: Path) -> str:
-    """The hex SHA-256 of the regular file at ``path`` (:func:`relmem.files.open_regular`: a
+    """The hex SHA-256 of the regular file at ``path`` (:func:`relmem.files.file_digest`: a
     FIFO or a device is refused, not read).
 
     Raises:
         ExportError: ``path`` is missing, unreadable or not a regular file (naming it).
     """
-    digest = hashlib.sha256()
     try:
-        with open(_open(path), "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-    except OSError as exc:
-        raise ExportError(f"cannot read {path}: {exc.strerror or exc}") from None
-    return digest.hexdigest()
+        return file_digest(path, "sha256")
+    except FileRefused as exc:
+        raise ExportError(f"{exc}; the folder is not a complete exported model") from None
 
 
 def _open(path: Path) -> int:

@@ -35,7 +35,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from relmem.files import file_sha1
+from relmem.files import file_digest
 from relmem.tasks.reading.squad import SquadFile, align, read_squad, tokenize
 
 __all__ = [
@@ -393,7 +393,7 @@ class TokenizedFile:
 def read_tokenized(path: Path) -> TokenizedFile:
     """Read and check ``path`` (:func:`read_squad`) and tokenise it (cached by its SHA-1)."""
     squad = read_squad(path)
-    sha1 = file_sha1(path)
+    sha1 = file_digest(path, "sha1")
     return tokenized(squad, sha1, _cached_tokens(squad, sha1))
 
 

@@ -22,7 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from relmem.files import FileRefused, open_regular, stream_sha1
+from relmem.files import FileRefused, open_regular, stream_digest
 from relmem.tasks.reading.data import CACHE_DIR, PAD, Vocabulary, write_cache
 
 __all__ = ["read_word_vectors"]
@@ -44,7 +44,7 @@ def read_word_vectors(path: Path, vocabulary: Vocabulary, size: int) -> Tensor:
     except FileRefused as exc:
         raise ValueError(f"--task.embeddings {exc}; pass a GloVe-format text file") from None
     with handle:
-        key = f"{vocabulary.identity()['sha1']}-{stream_sha1(handle)}-{size}"
+        key = f"{vocabulary.identity()['sha1']}-{stream_digest(handle, 'sha1')}-{size}"
         cache = path.parent / CACHE_DIR / f"{path.name}.{key}.safetensors"
         try:
             return load_file(cache)["vectors"]
