@@ -28,7 +28,7 @@ from torch import nn
 
 import relmem.models as models
 from relmem._version import __version__
-from relmem.files import read_json
+from relmem.files import FileRefused, read_json
 from relmem.tasks.base import Task
 from relmem.tasks.registry import get_task
 from relmem.train import exported
@@ -47,6 +47,7 @@ from relmem.train.runs import (
     check_model_size,
     load_run_config,
     load_trained,
+    read_invocations,
     write_json,
 )
 
@@ -624,7 +625,7 @@ def _eval_record(run_dir: Path, ckpt: Path, step: int) -> dict[str, Any] | None:
     when it cannot be read: the card then has no such line)."""
     try:
         record = read_json(run_dir / "eval.json", exported.MAX_JSON_BYTES)
-    except (OSError, UnicodeDecodeError, ValueError):
+    except FileRefused:
         return None
     if not isinstance(record, dict) or record.get("step") != step:
         return None
@@ -632,13 +633,10 @@ def _eval_record(run_dir: Path, ckpt: Path, step: int) -> dict[str, Any] | None:
 
 
 def _invocations(run_dir: Path) -> list[dict[str, Any]]:
-    """``RUN_DIR/run.json``'s invocation records (none when it cannot be read)."""
-    try:
-        record = read_json(run_dir / "run.json", exported.MAX_JSON_BYTES)
-        found = record["invocations"]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
-        return []
-    return [i for i in found if isinstance(i, dict)] if isinstance(found, list) else []
+    """``RUN_DIR/run.json``'s invocation records (:func:`relmem.train.runs.read_invocations`;
+    none when it cannot be read)."""
+    record = read_invocations(Path(run_dir)) or {"invocations": []}
+    return [i for i in record["invocations"] if isinstance(i, dict)]
 
 
 def _training_lines(run_dir: Path) -> list[str]:
