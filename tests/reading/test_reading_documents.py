@@ -12,7 +12,7 @@ import torch
 from reading_sample import train_args
 
 from relmem import cli
-from relmem.tasks.reading.documents import held_out_articles, read_articles
+from relmem.tasks.reading.documents import read_articles, read_held_out_articles
 from relmem.tasks.reading.squad import Question, SquadFile
 from relmem.train.runs import load_trained
 
@@ -68,7 +68,7 @@ def test_every_held_out_question_is_answered_from_its_article(
     """With all of an article's paragraphs read, its own among them, every prediction is a span
     of the article."""
     _, _, task, model, _ = load_trained(run, None, torch.device("cpu"))
-    reading, official = held_out_articles(task, model, paragraphs=0)
+    reading, official = read_held_out_articles(task, model, paragraphs=0)
     squad = task.held.squad
     assert set(reading.predictions) == {q.qid for q in squad.questions}
     for question in squad.questions:

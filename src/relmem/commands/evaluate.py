@@ -27,7 +27,7 @@ import tyro
 
 from relmem.commands.errors import describe_error
 from relmem.files import FileRefused, file_digest, open_regular, read_json
-from relmem.tasks.reading.documents import held_out_articles
+from relmem.tasks.reading.documents import read_held_out_articles
 from relmem.tasks.reading.task import Reading
 from relmem.tasks.registry import get_task
 from relmem.train.checkpoint import MAX_META_BYTES, META_FILE, CheckpointError
@@ -122,7 +122,7 @@ def main(argv: list[str]) -> int:
         breakdown = None if levels is None else evaluate(model, task, levels)
         article = None
         if isinstance(task, Reading) and args.document == "article":
-            article = held_out_articles(task, model, args.paragraphs, progress=True)
+            article = read_held_out_articles(task, model, args.paragraphs, progress=True)
     except (ValueError, TypeError, KeyError, CheckpointError, OSError) as exc:
         return _error(describe_error(exc, "--checkpoint"))
     metric = task.metric

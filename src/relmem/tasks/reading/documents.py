@@ -26,7 +26,7 @@ from relmem.tasks.reading.ranking import ParagraphIndex, split_paragraphs
 from relmem.tasks.reading.squad import SquadFile
 from relmem.tasks.reading.task import Reading
 
-__all__ = ["ArticleReading", "held_out_articles", "read_articles"]
+__all__ = ["ArticleReading", "read_articles", "read_held_out_articles"]
 
 PARAGRAPH_BREAK = "\n\n"  # between an article's paragraphs: split_paragraphs cuts there
 
@@ -95,7 +95,7 @@ def read_articles(
     return ArticleReading(predictions, recall, len(by_article), paragraphs)
 
 
-def held_out_articles(
+def read_held_out_articles(
     task: Reading, model: nn.Module, paragraphs: int, progress: bool = False
 ) -> tuple[ArticleReading, dict[str, dict[str, float]]]:
     """``task``'s held-out questions answered by ``model`` from their whole articles
