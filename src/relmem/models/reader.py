@@ -99,6 +99,12 @@ class ReaderOptions:
     word_vectors: Callable[[], Tensor] | None = field(default=None, compare=False, repr=False)
     eval_rows: int = 64
 
+    @property
+    def vocabulary_sizes(self) -> dict[str, int]:
+        """The ids of each token table, by the name ``vocab.json`` lists it under (the words
+        and the characters): what an exported folder's vocabulary is checked against."""
+        return {"words": self.vocab_size, "chars": self.char_vocab_size}
+
 
 def _lengths_mask(lengths: Tensor, steps: int) -> Tensor:
     """``[B, steps]`` bool, True on each row's first ``lengths[b]`` steps."""

@@ -34,7 +34,6 @@ from safetensors.torch import load_model
 from torch import nn
 
 from relmem.files import FileRefused, MiB, file_digest, open_regular, read_json
-from relmem.models.reader import ReaderOptions
 from relmem.models.spec import DecoderSpec, TaskSpec, option_class, option_name, option_names
 from relmem.tasks.registry import get_task
 from relmem.train.checkpoint import META_FILE, MODEL_FILE, unwrap
@@ -347,14 +346,16 @@ def read_vocabulary(folder: Path, spec: TaskSpec | None) -> list[str] | dict[str
 
 
 def vocabulary_sizes(spec: TaskSpec | None) -> int | dict[str, int] | None:
-    """How many tokens the model built from ``spec`` reads: the reader's words and characters
-    by name, one token list's size for a token model (``spec.input_size``), None when
-    ``spec`` says nothing (an RL agent's)."""
+    """How many tokens the model built from ``spec`` reads: the sizes of several token tables
+    by name where one of its options declares them (``vocabulary_sizes``: the reader's words
+    and characters), else one token list's size (``spec.input_size``); None when ``spec``
+    says nothing (an RL agent's)."""
     if spec is None:
         return None
-    reader = spec.options.get("reader")
-    if isinstance(reader, ReaderOptions):
-        return {"words": reader.vocab_size, "chars": reader.char_vocab_size}
+    for option in spec.options.values():
+        sizes = getattr(option, "vocabulary_sizes", None)
+        if isinstance(sizes, dict):
+            return sizes
     return spec.input_size
 
 
