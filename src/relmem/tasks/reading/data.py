@@ -6,7 +6,9 @@
 - :class:`EncodedSplit`: a file's paragraphs and questions as flat int32 tensors (every token's
   word id, characters, case-sensitive and lower-cased type ids for the exact-match features,
   and character offsets) with each question's gold token span.
-- :meth:`EncodedSplit.rows` packs questions into the reader's input layout (below).
+- :meth:`EncodedSplit.rows` packs questions into the reader's input layout (below), each
+  with its own paragraph or with a list of paragraphs read joined as one context (an
+  article's, ``--task.document article``).
 
 Tokenisation is cached beside the data, keyed on the file's SHA-1 (content, not size and
 time), as safetensors (no pickle): ``DIR/.relmem-cache/NAME.SHA1.tokens.safetensors``.
@@ -25,7 +27,7 @@ import json
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -261,7 +263,8 @@ class EncodedSplit:
         squad: the file as read.
         sha1: the file's SHA-1.
         words, chars, cased, lowered, spans: per context token (``[Nc]``, ``[Nc, C]``,
-            ``[Nc]``, ``[Nc]``, ``[Nc, 2]`` int32); ``starts [P + 1]`` bounds each paragraph.
+            ``[Nc]``, ``[Nc]``, ``[Nc, 2]`` int32); ``starts [P + 1]`` bounds each paragraph,
+            ``sizes`` (a list of P) counts its tokens.
         q_words, q_chars, q_cased, q_lowered, q_starts: the same for the questions.
         gold: ``[Q, 2]`` int64 the first reference's token span (-1 -1: none, unanswerable or
             not aligned).
@@ -304,6 +307,7 @@ class EncodedSplit:
             gold.append(first or (-1, -1))
         self.gold = torch.tensor(gold, dtype=torch.int64).reshape(-1, 2)
         sizes = self.starts.diff()
+        self.sizes: list[int] = sizes.tolist()
         self.context_tokens = sizes[[q.paragraph for q in squad.questions]]
         self.question_tokens = self.q_starts.diff()
         self._counts = (answers, unaligned, inexact)
@@ -317,13 +321,21 @@ class EncodedSplit:
         return SplitStats(*self._counts, truncated)
 
     def rows(
-        self, index: Tensor, question_block: int, max_context: int | None
+        self,
+        index: Tensor,
+        question_block: int,
+        max_context: int | None,
+        contexts: Sequence[Sequence[int]] | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Questions ``index [B]`` packed in the reader's layout (module docstring).
 
         Args:
             question_block: Q, question tokens kept (longer questions are cut).
             max_context: context tokens kept (None: all); a gold span beyond is dropped.
+            contexts: each row's paragraphs (indices into ``squad.contexts``), read joined in
+                this order as one context (None: each question's own paragraph). The gold
+                span is offset by the tokens of the paragraphs before the question's own, and
+                is -1 -1 where its own paragraph is not among them.
 
         Returns:
             ``(inputs [B, Q + T, 3 + C] int32, lengths [B] int64, gold [B, 2] int64)``, T the
@@ -331,39 +343,80 @@ class EncodedSplit:
         """
         questions = self.squad.questions
         picked = index.tolist()
-        lengths = self.context_tokens[index]
+        read = [[questions[i].paragraph] for i in picked] if contexts is None else contexts
+        lengths = self.joined_tokens(read)
         if max_context is not None:
             lengths = lengths.clamp(max=max_context)
         steps = question_block + int(lengths.max())
         inputs = torch.zeros(len(picked), steps, 3 + self.chars.shape[1], dtype=torch.int32)
-        gold = self.gold[index].clone()
-        for row, i in enumerate(picked):
+        gold = torch.full((len(picked), 2), -1, dtype=torch.int64)
+        for row, (i, paragraphs) in enumerate(zip(picked, read, strict=True)):
             q0, q1 = int(self.q_starts[i]), int(self.q_starts[i + 1])
             q1 = min(q1, q0 + question_block)
-            p = questions[i].paragraph
-            c0 = int(self.starts[p])
-            c1 = c0 + int(lengths[row])
-            q_cased, c_cased = self.q_cased[q0:q1], self.cased[c0:c1]
-            q_lowered, c_lowered = self.q_lowered[q0:q1], self.lowered[c0:c1]
+            tokens = self._tokens(paragraphs)[: int(lengths[row])]  # [T_row] into the flat arrays
+            q_cased, c_cased = self.q_cased[q0:q1], self.cased[tokens]
+            q_lowered, c_lowered = self.q_lowered[q0:q1], self.lowered[tokens]
             question = inputs[row, : q1 - q0]
             question[:, 0] = self.q_words[q0:q1]
             question[:, 1] = torch.isin(q_cased, c_cased)
             question[:, 2] = torch.isin(q_lowered, c_lowered)
             question[:, 3:] = self.q_chars[q0:q1]
-            context = inputs[row, question_block : question_block + c1 - c0]
-            context[:, 0] = self.words[c0:c1]
+            context = inputs[row, question_block : question_block + len(tokens)]
+            context[:, 0] = self.words[tokens]
             context[:, 1] = torch.isin(c_cased, q_cased)
             context[:, 2] = torch.isin(c_lowered, q_lowered)
-            context[:, 3:] = self.chars[c0:c1]
-            if gold[row, 1] >= c1 - c0:
-                gold[row] = -1
+            context[:, 3:] = self.chars[tokens]
+            own = questions[i].paragraph
+            if own in paragraphs and self.gold[i, 0] >= 0:
+                before = paragraphs[: list(paragraphs).index(own)]
+                span = self.gold[i] + sum(self.sizes[p] for p in before)
+                if span[1] < len(tokens):
+                    gold[row] = span
         return inputs, lengths + question_block, gold
 
-    def answer_text(self, question: int, first: int, last: int) -> tuple[str, int, int]:
-        """The context's text of tokens ``first..last`` of ``question``'s paragraph, with its
-        character offsets ``(text, start, end)``."""
-        p = self.squad.questions[question].paragraph
-        c0 = int(self.starts[p])
+    def joined_tokens(self, contexts: Sequence[Sequence[int]]) -> Tensor:
+        """``[len(contexts)]`` int64: the tokens of each list of paragraphs read joined."""
+        sizes = self.sizes
+        return torch.tensor([sum(sizes[p] for p in c) for c in contexts], dtype=torch.int64)
+
+    def segments(self, paragraphs: Sequence[int]) -> Tensor:
+        """``[T]`` int64: for each token of ``paragraphs`` joined, the position in
+        ``paragraphs`` of the paragraph it belongs to."""
+        sizes = torch.tensor([self.sizes[p] for p in paragraphs], dtype=torch.int64)
+        return torch.repeat_interleave(torch.arange(len(paragraphs)), sizes)
+
+    def _tokens(self, paragraphs: Sequence[int]) -> Tensor:
+        """``[T]`` int64: the flat token indices of ``paragraphs`` joined in order."""
+        starts = self.starts
+        return torch.cat([torch.arange(int(starts[p]), int(starts[p + 1])) for p in paragraphs])
+
+    def answer_text(
+        self, question: int, first: int, last: int, paragraphs: Sequence[int] | None = None
+    ) -> tuple[str, int, int]:
+        """The text of context tokens ``first..last`` of ``question``'s row, with its
+        character offsets ``(text, start, end)`` in the paragraph that holds it: the row's
+        context is its own paragraph, or ``paragraphs`` joined in order
+        (:meth:`rows`' ``contexts``).
+
+        Raises:
+            ValueError: the span runs past the end of the paragraph it starts in, or beyond the
+                context (the span search, :func:`~relmem.tasks.reading.task.best_spans` with
+                the rows' segments, proposes neither).
+        """
+        read = [self.squad.questions[question].paragraph] if paragraphs is None else paragraphs
+        offset = 0
+        for p in read:
+            size = self.sizes[p]
+            if first < offset + size:
+                break
+            offset += size
+        else:
+            raise ValueError(f"token {first} lies beyond the context's {offset} tokens")
+        if last >= offset + size:
+            raise ValueError(
+                f"tokens {first}..{last} run past the end of paragraph {p} (token {offset + size})"
+            )
+        c0 = int(self.starts[p]) - offset
         start = int(self.spans[c0 + first, 0])
         end = int(self.spans[c0 + last, 1])
         return self.squad.contexts[p][start:end], start, end

@@ -65,9 +65,7 @@ def read_articles(
     by_article: dict[str, list[int]] = {}
     for i in questions:
         by_article.setdefault(squad.titles[squad.questions[i].paragraph], []).append(i)
-    members_of: dict[str, list[int]] = {}
-    for p, title in enumerate(squad.titles):
-        members_of.setdefault(title, []).append(p)
+    members_of = squad.article_paragraphs()
     predictions: dict[str, str] = {}
     found = answerable = 0
     bar = tqdm(total=len(questions), unit="question", delay=2, disable=not progress, leave=False)

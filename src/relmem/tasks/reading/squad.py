@@ -86,6 +86,14 @@ class SquadFile:
         """The distinct article titles, in file order."""
         return list(dict.fromkeys(self.titles))
 
+    def article_paragraphs(self) -> dict[str, list[int]]:
+        """Each article's paragraphs (indices into :attr:`contexts`, in file order), by title,
+        the articles in file order."""
+        members: dict[str, list[int]] = {}
+        for p, title in enumerate(self.titles):
+            members.setdefault(title, []).append(p)
+        return members
+
 
 def _fail(path: Path, where: str, message: str) -> SquadError:
     return SquadError(f"{path}: {where}: {message}")
