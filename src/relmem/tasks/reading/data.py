@@ -349,7 +349,6 @@ class EncodedSplit:
             lengths = lengths.clamp(max=max_context)
         steps = question_block + int(lengths.max())
         inputs = torch.zeros(len(picked), steps, 3 + self.chars.shape[1], dtype=torch.int32)
-        gold = torch.full((len(picked), 2), -1, dtype=torch.int64)
         for row, (i, paragraphs) in enumerate(zip(picked, read, strict=True)):
             q0, q1 = int(self.q_starts[i]), int(self.q_starts[i + 1])
             q1 = min(q1, q0 + question_block)
@@ -366,13 +365,25 @@ class EncodedSplit:
             context[:, 1] = torch.isin(c_cased, q_cased)
             context[:, 2] = torch.isin(c_lowered, q_lowered)
             context[:, 3:] = self.chars[tokens]
-            own = questions[i].paragraph
-            if own in paragraphs and self.gold[i, 0] >= 0:
-                before = paragraphs[: list(paragraphs).index(own)]
-                span = self.gold[i] + sum(self.sizes[p] for p in before)
-                if span[1] < len(tokens):
-                    gold[row] = span
-        return inputs, lengths + question_block, gold
+        return inputs, lengths + question_block, self.row_gold(index, read, lengths)
+
+    def row_gold(
+        self, index: Tensor, contexts: Sequence[Sequence[int]], kept: Tensor | None = None
+    ) -> Tensor:
+        """``[B, 2]`` int64: the gold span of each question ``index [B]`` in its row, whose
+        context is ``contexts``' paragraphs joined (:meth:`rows`): offset by the tokens of the
+        paragraphs before its own; -1 -1 where it has none, its own paragraph is not read, or
+        the span ends past the row's ``kept [B]`` tokens (None: all kept)."""
+        gold = torch.full((len(index), 2), -1, dtype=torch.int64)
+        for row, (i, paragraphs) in enumerate(zip(index.tolist(), contexts, strict=True)):
+            own = self.squad.questions[i].paragraph
+            if own not in paragraphs or self.gold[i, 0] < 0:
+                continue
+            before = paragraphs[: list(paragraphs).index(own)]
+            span = self.gold[i] + sum(self.sizes[p] for p in before)
+            if kept is None or span[1] < kept[row]:
+                gold[row] = span
+        return gold
 
     def joined_tokens(self, contexts: Sequence[Sequence[int]]) -> Tensor:
         """``[len(contexts)]`` int64: the tokens of each list of paragraphs read joined."""

@@ -9,6 +9,13 @@ of ``allenai/document-qa``. The metric is SQuAD's official F1 (and exact match),
 the predicted *text* against every reference answer (:mod:`relmem.tasks.reading.metric`),
 reported overall and by context length (the groups).
 
+A row's context is the question's own paragraph, or with ``--task.document article`` the
+``--task.top-k`` paragraphs of its article that BM25+ ranks best, joined in article order
+(:mod:`relmem.tasks.reading.articles`): a training row holds its own paragraph and the best
+ranked others as distractors, a held-out row the best ranked whether or not its own is among
+them. The softmax over the joined context is then the shared normalisation across the
+paragraphs read.
+
 Data (``docs/reading.md`` §2): ``--data-dir DIR`` with ``train-v1.1.json`` and
 ``dev-v1.1.json`` (or the v2.0 names), or ``--task.train-file`` / ``--task.dev-file``, or
 ``--dataset squad | squad_v2`` (Hugging Face ``datasets``, online). With a train file alone,
@@ -32,6 +39,12 @@ from torch import Tensor
 from relmem.models.reader import ReaderOptions
 from relmem.tasks.base import Batch, LazyRows, Measure, MetricSpec, Task, TaskSpec
 from relmem.tasks.reading import sources
+from relmem.tasks.reading.articles import (
+    check_articles,
+    held_out_paragraphs,
+    rank_in_articles,
+    training_paragraphs,
+)
 from relmem.tasks.reading.data import (
     EncodedSplit,
     Vocabulary,
@@ -70,6 +83,13 @@ class ReadingConfig:
             the evaluation set (with one, such as ``relmem eval --data``'s, they stay unused).
         split_seed: draws the held-out articles.
         test_size: evaluate on the first N held-out questions only (None: all).
+        document: what a question's row reads: ``paragraph``, its own paragraph; ``article``,
+            ``top_k`` paragraphs of its article ranked against it by BM25+, joined in article
+            order: for training its own and the best ranked others, for evaluation the best
+            ranked, its own among them or not (``docs/reading.md`` §7).
+        top_k: with ``document`` article, the paragraphs a row reads (0: all of its
+            article's); a training row leaves out the distractors that would take it past
+            ``max_context_tokens``.
         embeddings: a GloVe-format text file (``word v1 .. vD`` per line, D = ``word_size``):
             the word vectors start there, and stay fixed (None: learned from scratch).
         min_word_count: training-file occurrences a word needs to get its own id.
@@ -101,6 +121,8 @@ class ReadingConfig:
     held_out_articles: float | None = None
     split_seed: int = 0
     test_size: int | None = None
+    document: Literal["paragraph", "article"] = "paragraph"
+    top_k: int = 4
     embeddings: Path | None = None
     min_word_count: int = 1
     min_char_count: int = 5
@@ -142,6 +164,7 @@ class ReadingConfig:
             memory_layers=1,
             max_context_tokens=1,
             test_size=1,
+            top_k=0,
         )
         if self.held_out_articles is not None and not 0 < self.held_out_articles < 1:
             raise ValueError(
@@ -196,6 +219,11 @@ class Reading(Task):
         train, held: the encoded files the training and evaluation questions come from (the
             same one when articles are held out).
         train_index, held_index: ``[N]`` int64 the questions of each split, in those files.
+        contexts: by split, each question's row paragraphs (a list per question of that
+            split's file, in reading order): its own paragraph, or its article's
+            (:mod:`~relmem.tasks.reading.articles`).
+        context_tokens: by split, ``[N]`` int64 each question's row context tokens (before
+            ``max_context_tokens`` cuts a training row).
     """
 
     metric = F1
@@ -207,6 +235,8 @@ class Reading(Task):
         self.config = config
         train_path, dev_path = sources.resolve(config)
         train_text = read_tokenized(train_path)
+        if config.document == "article":
+            check_articles(train_text.squad, config.top_k)
         held_articles: set[str] = set()
         if config.held_out_articles is not None:
             held_articles = sources.held_out_articles(
@@ -236,7 +266,15 @@ class Reading(Task):
             self.held_index = self.held_index[: config.test_size]
         if not len(self.train_index):
             raise ValueError(f"{train_path}: no training question has an aligned answer")
-        lengths = self.train.context_tokens[self.train_index]
+        self.contexts = {
+            TRAIN: self._row_paragraphs(self.train, self.train_index, training=True),
+            HELD_OUT: self._row_paragraphs(self.held, self.held_index, training=False),
+        }
+        self.context_tokens = {
+            split: self._encoded(split).joined_tokens(self.contexts[split])
+            for split in (TRAIN, HELD_OUT)
+        }
+        lengths = self.context_tokens[TRAIN][self.train_index]
         self._by_length = self.train_index[torch.argsort(lengths, stable=True)]
         trains_no_answer = any(not q.answerable for q in self.train.squad.questions)
         held_no_answer = sum(
@@ -256,7 +294,7 @@ class Reading(Task):
         )
         self.num_groups = len(config.length_buckets) + 1
         print(self.describe(), file=sys.stderr)
-        longest = int(self.held.context_tokens[self.held_index].max())
+        longest = int(self.context_tokens[HELD_OUT][self.held_index].max())
         self.spec = TaskSpec(
             input_size=self.vocabulary.size,
             seq_len=config.question_tokens + longest,
@@ -267,8 +305,31 @@ class Reading(Task):
             options={"reader": config.options(self.vocabulary, self.unanswerable)},
         )
 
+    def _row_paragraphs(
+        self, encoded: EncodedSplit, index: Tensor, training: bool
+    ) -> list[list[int]]:
+        """The paragraphs of each question's row, a list per question of ``encoded``: its own
+        paragraph, or with ``document`` article (for the questions ``index [N]``) those of its
+        article ranked against it (:func:`~relmem.tasks.reading.articles.training_paragraphs`
+        when ``training``, else :func:`~relmem.tasks.reading.articles.held_out_paragraphs`)."""
+        questions = encoded.squad.questions
+        contexts = [[q.paragraph] for q in questions]
+        if self.config.document == "paragraph":
+            return contexts
+        top_k, most = self.config.top_k, self.config.max_context_tokens
+        for i, ranked in rank_in_articles(encoded.squad, index.tolist()).items():
+            own = questions[i].paragraph
+            contexts[i] = (
+                training_paragraphs(ranked, own, top_k, encoded.sizes, most)
+                if training
+                else held_out_paragraphs(ranked, top_k)
+            )
+        return contexts
+
     def describe(self) -> str:
-        """One line on the data: each file's alignment counts, the questions of each split."""
+        """One line on the data: each file's alignment counts, the questions of each split
+        and, reading articles, the paragraphs a row reads and how often a held-out row holds
+        its question's own paragraph."""
         q = self.config.question_tokens
         files = [self.train] if self.held is self.train else [self.train, self.held]
         parts = []
@@ -282,13 +343,35 @@ class Reading(Task):
         parts.append(
             f"{len(self.train_index):,} training questions, {len(self.held_index):,} held-out"
         )
+        if self.config.document == "article":
+            parts.append(self._describe_articles())
         return "relmem: squad: " + "; ".join(parts)
+
+    def _describe_articles(self) -> str:
+        """The paragraphs per row of each split, and the held-out rows' recall of their
+        question's own paragraph (answerable questions)."""
+        train = [len(self.contexts[TRAIN][i]) for i in self.train_index.tolist()]
+        held = [len(self.contexts[HELD_OUT][i]) for i in self.held_index.tolist()]
+        questions = self.held.squad.questions
+        answerable = [i for i in self.held_index.tolist() if questions[i].answerable]
+        found = sum(questions[i].paragraph in self.contexts[HELD_OUT][i] for i in answerable)
+        recall = f"{found / len(answerable):.1%}" if answerable else "n/a"
+        read = "all" if self.config.top_k == 0 else f"the {self.config.top_k} best"
+        return (
+            f"articles: {read} BM25+ ranked paragraphs a row, {sum(train) / len(train):.2f} a "
+            f"training row (own + distractors within max_context_tokens), "
+            f"{sum(held) / max(len(held), 1):.2f} a held-out row, holding the question's own "
+            f"for {recall} of the answerable"
+        )
 
     # -- batches ---------------------------------------------------------------------------
 
     def _batch(self, split: int, index: Tensor, max_context: int | None) -> Batch:
-        encoded = self._encoded(split)
-        inputs, lengths, gold = encoded.rows(index, self.config.question_tokens, max_context)
+        encoded, read = self._encoded(split), self.contexts[split]
+        contexts = [read[i] for i in index.tolist()]
+        inputs, lengths, gold = encoded.rows(
+            index, self.config.question_tokens, max_context, contexts
+        )
         targets, groups = self._targets_and_groups(split, index, gold)
         return Batch(inputs, targets, groups, None, lengths)
 
@@ -298,7 +381,7 @@ class Reading(Task):
         targets = torch.cat(
             [gold, index.unsqueeze(1), torch.full_like(index, split).unsqueeze(1)], dim=1
         )
-        context = self._encoded(split).context_tokens[index]
+        context = self.context_tokens[split][index]
         groups = torch.bucketize(context, torch.tensor(self.config.length_buckets), right=True)
         return targets, groups
 
@@ -323,9 +406,12 @@ class Reading(Task):
         """Every held-out question (or the first ``test_size``), shortest context first, whole
         contexts; padded a chunk at a time (one long context would otherwise pad every row)."""
         index = self.held_index
-        index = index[torch.argsort(self.held.context_tokens[index], stable=True)]
-        targets, groups = self._targets_and_groups(HELD_OUT, index, self.held.gold[index])
-        lengths = self.held.context_tokens[index] + self.config.question_tokens
+        tokens = self.context_tokens[HELD_OUT]
+        index = index[torch.argsort(tokens[index], stable=True)]
+        contexts = [self.contexts[HELD_OUT][i] for i in index.tolist()]
+        gold = self.held.row_gold(index, contexts)
+        targets, groups = self._targets_and_groups(HELD_OUT, index, gold)
+        lengths = tokens[index] + self.config.question_tokens
 
         def build(rows: Tensor) -> Batch:
             return self._batch(HELD_OUT, index[rows.cpu()], None).to(device)
@@ -373,17 +459,32 @@ class Reading(Task):
         return self._encoded(split).squad.questions[index]
 
     def predicted_texts(self, logits: Tensor, batch: Batch) -> list[str]:
-        """The answer text of each row of ``logits [B, 1 + T, 2]`` ("" for no answer)."""
-        first, last, _ = best_spans(logits, self.config.max_answer_tokens)
+        """The answer text of each row of ``logits [B, 1 + T, 2]`` ("" for no answer): the
+        best span within one paragraph of the row's context, cut from that paragraph."""
+        segments = self._segments(batch, logits.shape[1] - 1).to(logits.device)
+        first, last, _ = best_spans(logits, self.config.max_answer_tokens, segments)
         texts = []
         for row in range(batch.size):
             if first[row] < 0:
                 texts.append("")
                 continue
             split, index = int(batch.targets[row, 3]), int(batch.targets[row, 2])
-            text, _, _ = self._encoded(split).answer_text(index, int(first[row]), int(last[row]))
-            texts.append(text)
+            paragraphs = self.contexts[split][index]
+            found = self._encoded(split).answer_text(
+                index, int(first[row]), int(last[row]), paragraphs
+            )
+            texts.append(found[0])
         return texts
+
+    def _segments(self, batch: Batch, steps: int) -> Tensor:
+        """``[B, steps]`` int64: each context token's paragraph in its row's context (-1 past
+        its end), for :func:`best_spans`."""
+        segments = torch.full((batch.size, steps), -1, dtype=torch.int64)
+        for row in range(batch.size):
+            split, index = int(batch.targets[row, 3]), int(batch.targets[row, 2])
+            mine = self._encoded(split).segments(self.contexts[split][index])[:steps]
+            segments[row, : len(mine)] = mine
+        return segments
 
     def predictions(self, logits: Tensor, batch: Batch) -> dict[str, str]:
         """``{question id: predicted answer}`` of the reader's ``logits`` on ``batch`` (the
@@ -414,18 +515,27 @@ class Reading(Task):
         return f"{edges[-1]}+ tokens"
 
     def data_identity(self) -> dict[str, Any]:
-        """The vocabulary (tokenizer, sizes, SHA-1 of its entries): what the ids mean."""
-        return {"vocabulary": self.vocabulary.identity()}
+        """The vocabulary (tokenizer, sizes, SHA-1 of its entries): what the ids mean; and,
+        reading articles, ``document`` and ``top_k``: what the rows held (a paragraph-level
+        run's identity stays what runs recorded before articles were read)."""
+        identity: dict[str, Any] = {"vocabulary": self.vocabulary.identity()}
+        if self.config.document == "article":
+            identity |= {"document": self.config.document, "top_k": self.config.top_k}
+        return identity
 
     def export_vocabulary(self) -> dict[str, list[str]]:
         """Words and characters in id order (ids 0 and 1 are padding and unknown)."""
         return self.vocabulary.exported()
 
 
-def best_spans(logits: Tensor, max_tokens: int) -> tuple[Tensor, Tensor, Tensor]:
+def best_spans(
+    logits: Tensor, max_tokens: int, segments: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """The best answer of each row of ``logits [B, 1 + T, 2]``: the span ``first <= last <
     first + max_tokens`` maximising ``start[first] + end[last]`` over the context positions,
-    or "no answer" (position 0's start + end) when that scores higher.
+    or "no answer" (position 0's start + end) when that scores higher. With ``segments [B,
+    T]`` (each context token's paragraph, non-decreasing along a row), a span lies within one
+    paragraph: none runs from one paragraph of a joined context into the next.
 
     Returns:
         ``(first [B], last [B], score [B])``: context token indices (-1 -1 for no answer) and
@@ -439,6 +549,9 @@ def best_spans(logits: Tensor, max_tokens: int) -> tuple[Tensor, Tensor, Tensor]
     width = torch.zeros_like(first)
     for k in range(min(max_tokens, steps)):
         scores = start[:, : steps - k] + end[:, k:]  # [B, T - k]: spans of k + 1 tokens
+        if segments is not None:
+            crossing = segments[:, : steps - k] != segments[:, k:]
+            scores = scores.masked_fill(crossing, float("-inf"))
         value, where = scores.max(dim=1)
         better = value > best
         best = torch.where(better, value, best)

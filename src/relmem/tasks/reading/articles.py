@@ -1,0 +1,91 @@
+"""Questions read from their whole articles in training and evaluation
+(``relmem train squad --task.document article``; ``docs/reading.md`` §7).
+
+An article is the paragraphs of one title, in file order. Each question's article is ranked
+against it by BM25+ (:class:`~relmem.tasks.reading.ranking.ParagraphIndex`, one index per
+article), and its row reads ``top_k`` of those paragraphs joined in article order as one
+context: a training row its own paragraph and the best ranked others (distractors), a
+held-out row the best ranked, its own among them or not, as a reader given the article and not
+the paragraph would read it. The reader's one softmax over a row's whole context then
+normalises the start and end scores across the paragraphs read (``allenai/document-qa``'s
+shared normalisation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from relmem.tasks.reading.ranking import ParagraphIndex
+from relmem.tasks.reading.squad import SquadFile
+
+__all__ = ["check_articles", "held_out_paragraphs", "rank_in_articles", "training_paragraphs"]
+
+
+def check_articles(squad: SquadFile, top_k: int) -> None:
+    """Refuse reading ``squad``'s questions from their articles when there is nothing to rank,
+    or ``top_k`` paragraphs more than its largest article holds.
+
+    Raises:
+        ValueError: every article has one paragraph, or ``top_k`` exceeds the paragraphs of
+            the largest article (naming the file, the option and that count).
+    """
+    largest = max(len(members) for members in squad.article_paragraphs().values())
+    if largest == 1:
+        raise ValueError(
+            f"--task.document article: nothing to rank: every article of {squad.path} has one "
+            "paragraph (paragraphs are grouped by their article's title; an untitled article "
+            "is one of its own): give the articles titles, or train with --task.document "
+            "paragraph"
+        )
+    if top_k > largest:
+        raise ValueError(
+            f"task.top_k must be <= {largest}, the paragraphs of the largest article of "
+            f"{squad.path}, got {top_k} (0 reads every paragraph of an article)"
+        )
+
+
+def rank_in_articles(squad: SquadFile, questions: Iterable[int]) -> dict[int, list[int]]:
+    """Each question's article ranked against it: ``{question: paragraphs}``, the paragraphs
+    (indices into ``squad.contexts``) best first by BM25+, one index built per article. A
+    paragraph whose text repeats an earlier one's is left out, and a question's own paragraph
+    stands in the place of its twin (so that its gold span is read where the text is)."""
+    members = squad.article_paragraphs()
+    asked: dict[str, list[int]] = {}
+    for i in questions:
+        asked.setdefault(squad.titles[squad.questions[i].paragraph], []).append(i)
+    ranked: dict[int, list[int]] = {}
+    for title, mine in asked.items():
+        paragraphs = members[title]
+        index = ParagraphIndex([squad.contexts[p] for p in paragraphs])
+        for i in mine:
+            own = squad.questions[i].paragraph
+            order = (paragraphs[k] for k in index.top(squad.questions[i].text, 0))
+            ranked[i] = [own if squad.contexts[p] == squad.contexts[own] else p for p in order]
+    return ranked
+
+
+def training_paragraphs(
+    ranked: Sequence[int], own: int, top_k: int, sizes: Sequence[int], max_tokens: int | None
+) -> list[int]:
+    """A training row's paragraphs, in article order: the question's own paragraph ``own``
+    and the best ranked others of ``ranked`` as distractors, up to ``top_k`` paragraphs in all
+    (0: every one), passing over a distractor that would take the row past ``max_tokens``
+    tokens (``sizes``: each paragraph's; None: no bound). Whole distractors are left out
+    rather than the row cut, so that the gold span stays in every row that a paragraph-level
+    row keeps it in, and no row ends mid-paragraph."""
+    room = float("inf") if max_tokens is None else max_tokens - sizes[own]
+    picked = [own]
+    for p in ranked:
+        if top_k and len(picked) == top_k:
+            break
+        if p != own and sizes[p] <= room:
+            picked.append(p)
+            room -= sizes[p]
+    return sorted(picked)
+
+
+def held_out_paragraphs(ranked: Sequence[int], top_k: int) -> list[int]:
+    """A held-out row's paragraphs, in article order: the ``top_k`` best of ``ranked`` (0:
+    every one), the question's own paragraph among them only where the ranking put it
+    there."""
+    return sorted(ranked[:top_k] if top_k else ranked)
