@@ -197,6 +197,10 @@ def test_a_predicted_span_maps_to_its_own_paragraphs_text(articles_file: Path) -
     segments = encoded.segments(read).unsqueeze(0)
     span_first, span_last, _ = best_spans(logits, 5, segments)
     assert span_first.item() == span_last.item() and span_first.item() in (sizes[0] - 1, sizes[0])
+    # nor one into padding (segment -1), however it scores
+    padded = torch.cat([logits, torch.full((1, 2, 2), 50.0)], dim=1)
+    segments = torch.cat([segments, torch.tensor([[-1, -1]])], dim=1)
+    assert best_spans(padded, 5, segments)[0].item() == span_first.item()
     batch = Batch(torch.zeros(1, 1), torch.tensor([[-1, -1, first, TRAIN]]))
     assert task.predicted_texts(logits, batch)[0] in (".", "A")
 

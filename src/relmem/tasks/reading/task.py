@@ -534,8 +534,9 @@ def best_spans(
     """The best answer of each row of ``logits [B, 1 + T, 2]``: the span ``first <= last <
     first + max_tokens`` maximising ``start[first] + end[last]`` over the context positions,
     or "no answer" (position 0's start + end) when that scores higher. With ``segments [B,
-    T]`` (each context token's paragraph, non-decreasing along a row), a span lies within one
-    paragraph: none runs from one paragraph of a joined context into the next.
+    T]`` (each context token's paragraph, non-decreasing along a row, -1 for padding), a span
+    lies within one paragraph: none runs from one paragraph of a joined context into the next,
+    or into padding.
 
     Returns:
         ``(first [B], last [B], score [B])``: context token indices (-1 -1 for no answer) and
@@ -550,8 +551,8 @@ def best_spans(
     for k in range(min(max_tokens, steps)):
         scores = start[:, : steps - k] + end[:, k:]  # [B, T - k]: spans of k + 1 tokens
         if segments is not None:
-            crossing = segments[:, : steps - k] != segments[:, k:]
-            scores = scores.masked_fill(crossing, float("-inf"))
+            outside = (segments[:, : steps - k] != segments[:, k:]) | (segments[:, k:] < 0)
+            scores = scores.masked_fill(outside, float("-inf"))
         value, where = scores.max(dim=1)
         better = value > best
         best = torch.where(better, value, best)
