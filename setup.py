@@ -10,7 +10,7 @@ setup(
     packages=[*find_namespace_packages("src"), "relmem.docs"],
     package_dir={"": "src", "relmem.docs": "docs"},
     package_data={
-        "relmem": ["py.typed", "cores/rmc/csrc/*.cpp", "cores/dnc/csrc/*.cpp"],
+        "relmem": ["py.typed", "cores/rmc/csrc/*.cpp", "cores/dnc/csrc/*.cpp", "cores/csrc/*.h"],
         "relmem.docs": ["*.md"],
     },
 )

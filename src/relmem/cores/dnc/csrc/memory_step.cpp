@@ -26,6 +26,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include "../../csrc/vector_math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -37,6 +39,9 @@ namespace {
 using at::Tensor;
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
+using relmem_math::exp_nonpositive;
+using relmem_math::sigmoid;
+using relmem_math::tanh_of;
 
 // Where each field starts in the interface vector, in this fixed order (memory.py's
 // fused_offsets); read modes are -1 without a link.
@@ -56,8 +61,9 @@ struct Dims {
   }
 };
 
-template <typename T>
-inline T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
+// The erase and add loop's columns per pass (a stack buffer).
+constexpr int64_t kMaxWordChunk = 256;
+
 
 // torch.clamp to ±clip (0: none) and the set where it passes the gradient (the closed interval).
 template <typename T>
@@ -150,12 +156,13 @@ int64_t place(const Dims& d, Scratch<T>* s, T* base) {
 template <typename T>
 struct Work {
   std::vector<T> gmn, gx, gM, grw, gww, grc, gpi, gfwd, gbwd, gLrow, gerase, gga, ggw, gwc,
-      galloc, gu, gsorted, gbeta_r, gbeta_w, gfree;
+      galloc, gu, gsorted, gbeta_r, gbeta_w, gfree, keep, gkeep, others;
   explicit Work(const Dims& d)
       : gmn(d.N), gx(d.I), gM(d.N * d.W), grw(d.R * d.N), gww(d.Wh * d.N), grc(d.R * d.N),
         gpi(d.R * d.P), gfwd(d.R * d.Wh * d.N), gbwd(d.R * d.Wh * d.N), gLrow(d.N),
         gerase(d.Wh * d.W), gga(d.Wh), ggw(d.Wh), gwc(d.Wh * d.N), galloc(d.Wh * d.N), gu(d.N),
-        gsorted(d.N), gbeta_r(d.R), gbeta_w(d.Wh), gfree(d.R) {}
+        gsorted(d.N), gbeta_r(d.R), gbeta_w(d.Wh), gfree(d.R), keep(d.W), gkeep(d.W),
+        others(d.W) {}
 };
 
 // ---------------------------------------------------------------- content addressing (§4)
@@ -178,8 +185,9 @@ void content_forward(const Dims& d, const T* M, const T* keys, const T* beta, in
       top = std::max(top, beta[h] * S[h * N + n]);
     }
     T total = 0;
+#pragma omp simd reduction(+ : total)
     for (int64_t n = 0; n < N; ++n) {
-      w[h * N + n] = std::exp(beta[h] * S[h * N + n] - top);
+      w[h * N + n] = exp_nonpositive(beta[h] * S[h * N + n] - top);
       total += w[h * N + n];
     }
     for (int64_t n = 0; n < N; ++n) w[h * N + n] /= total;
@@ -303,15 +311,27 @@ void step_forward(const Dims& d, const Inputs<T>& in, Scratch<T>& s) {
     }
   }
 
-  // 6. erase and add
+  // 6. erase and add, the word's columns innermost: M[n, c] = Mp[n, c] keep[c] + add[c]
   for (int64_t n = 0; n < N; ++n) {
-    for (int64_t c = 0; c < W; ++c) {
-      T keep = 1, add = 0;
+    T* __restrict keep = s.memory.data() + n * W;  // keep, then the new row
+    T add[kMaxWordChunk];
+    for (int64_t c0 = 0; c0 < W; c0 += kMaxWordChunk) {
+      const int64_t width = std::min(kMaxWordChunk, W - c0);
+      std::fill(keep + c0, keep + c0 + width, T(1));
+      std::fill(add, add + width, T(0));
       for (int64_t j = 0; j < Wh; ++j) {
-        keep *= T(1) - s.ww[j * N + n] * s.erase[j * W + c];
-        add += s.ww[j * N + n] * write_vectors[j * W + c];
+        const T w = s.ww[j * N + n];
+        const T* e = s.erase.data() + j * W + c0;
+        const T* v = write_vectors + j * W + c0;
+#pragma omp simd
+        for (int64_t c = 0; c < width; ++c) {
+          keep[c0 + c] *= T(1) - w * e[c];
+          add[c] += w * v[c];
+        }
       }
-      s.memory[n * W + c] = in.M[n * W + c] * keep + add;
+      const T* mp = in.M + n * W + c0;
+#pragma omp simd
+      for (int64_t c = 0; c < width; ++c) keep[c0 + c] = mp[c] * keep[c0 + c] + add[c];
     }
   }
 
@@ -495,28 +515,54 @@ void step_backward(const Dims& d, const Inputs<T>& in, const Scratch<T>& s, cons
     }
   }
 
-  // 6. erase and add
+  // 6. erase and add, a memory row at a time with the word's columns innermost (vectorised):
+  // M[n, c] = Mp[n, c] Π_j (1 − w_jn e_jc) + Σ_j w_jn v_jc
   std::vector<T>& gerase = work.gerase;
   std::fill(gerase.begin(), gerase.end(), T(0));
   T* gv = gx.data() + d.off[kWriteVectors];
   const T* write_vectors = xc + d.off[kWriteVectors];
+  T* __restrict keep = work.keep.data();
+  T* __restrict gkeep = work.gkeep.data();
+  T* __restrict others = work.others.data();
   for (int64_t n = 0; n < N; ++n) {
+    const T* gm = gM.data() + n * W;
+    std::fill(keep, keep + W, T(1));
+    for (int64_t j = 0; j < Wh; ++j) {
+      const T w = s.ww[j * N + n];
+      const T* e = s.erase.data() + j * W;
+#pragma omp simd
+      for (int64_t c = 0; c < W; ++c) keep[c] *= T(1) - w * e[c];
+    }
+    T* __restrict gmp = g.Mp + n * W;
+    const T* mp = in.M + n * W;
+#pragma omp simd
     for (int64_t c = 0; c < W; ++c) {
-      const T gm = gM[n * W + c];
-      T keep = 1;
-      for (int64_t j = 0; j < Wh; ++j) keep *= T(1) - s.ww[j * N + n] * s.erase[j * W + c];
-      g.Mp[n * W + c] = gm * keep;
-      const T gkeep = gm * in.M[n * W + c];
-      for (int64_t j = 0; j < Wh; ++j) {
-        T others = 1;  // Π over the other heads, without a division
-        for (int64_t o = 0; o < Wh; ++o) {
-          if (o != j) others *= T(1) - s.ww[o * N + n] * s.erase[o * W + c];
-        }
-        const T w = s.ww[j * N + n];
-        gww[j * N + n] += gm * write_vectors[j * W + c] - gkeep * s.erase[j * W + c] * others;
-        gerase[j * W + c] -= gkeep * w * others;
-        gv[j * W + c] += w * gm;
+      gmp[c] = gm[c] * keep[c];
+      gkeep[c] = gm[c] * mp[c];
+    }
+    for (int64_t j = 0; j < Wh; ++j) {
+      std::fill(others, others + W, T(1));  // Π over the other heads, without a division
+      for (int64_t o = 0; o < Wh; ++o) {
+        if (o == j) continue;
+        const T wo = s.ww[o * N + n];
+        const T* eo = s.erase.data() + o * W;
+#pragma omp simd
+        for (int64_t c = 0; c < W; ++c) others[c] *= T(1) - wo * eo[c];
       }
+      const T w = s.ww[j * N + n];
+      const T* e = s.erase.data() + j * W;
+      const T* v = write_vectors + j * W;
+      T* __restrict ge = gerase.data() + j * W;
+      T* __restrict gvj = gv + j * W;
+      T gw = 0;
+#pragma omp simd reduction(+ : gw)
+      for (int64_t c = 0; c < W; ++c) {
+        const T gko = gkeep[c] * others[c];
+        gw += gm[c] * v[c] - gko * e[c];
+        ge[c] -= gko * w;
+        gvj[c] += w * gm[c];
+      }
+      gww[j * N + n] += gw;
     }
   }
 
@@ -1022,10 +1068,10 @@ void sequence_forward(const Seq& q, const Dims& d, const Tensor& x, const Tensor
             const T* gr = g + b * q.G;
             T* ar = acts + b * 4 * H;
             const T i = sigmoid(gr[j]), f = sigmoid(gr[H + j] + T(q.forget_bias));
-            const T gg = std::tanh(gr[2 * H + j]), o = sigmoid(gr[3 * H + j]);
+            const T gg = tanh_of(gr[2 * H + j]), o = sigmoid(gr[3 * H + j]);
             ar[j] = i, ar[H + j] = f, ar[2 * H + j] = gg, ar[3 * H + j] = o;
             const T c = f * cp[b * H + j] + i * gg;
-            const T h = o * std::tanh(c);
+            const T h = o * tanh_of(c);
             pre[b * 2 * H + j] = c, pre[b * 2 * H + H + j] = h;
             c_new[b * H + j] = clipped(c, q.clip);
             h_new[b * H + j] = clipped(h, q.clip);
@@ -1043,7 +1089,7 @@ void sequence_forward(const Seq& q, const Dims& d, const Tensor& x, const Tensor
             const T* hr = hg + b * q.G;
             T* ar = acts + b * 4 * H;
             const T r = sigmoid(xr[j] + hr[j]), z = sigmoid(xr[H + j] + hr[H + j]);
-            const T n = std::tanh(xr[2 * H + j] + r * hr[2 * H + j]);
+            const T n = tanh_of(xr[2 * H + j] + r * hr[2 * H + j]);
             ar[j] = r, ar[H + j] = z, ar[2 * H + j] = n, ar[3 * H + j] = hr[2 * H + j];
             const T h = (T(1) - z) * n + z * hp[b * H + j];
             pre[b * 2 * H + j] = h;
@@ -1190,7 +1236,7 @@ tensor_list sequence_backward(const Seq& q, const Dims& d, const Tensor& x, cons
             const T i = ar[j], f = ar[H + j], gg = ar[2 * H + j], og = ar[3 * H + j];
             const T c = pr[j], h = pr[H + j];
             const T gh_pre = inside(h, q.clip) ? g : T(0);
-            const T tc = std::tanh(c);
+            const T tc = tanh_of(c);
             T gc_pre = on && inside(c, q.clip) ? gcc[b * H + j] : T(0);
             gc_pre += gh_pre * og * (T(1) - tc * tc);
             T* gr = gi + b * q.G;

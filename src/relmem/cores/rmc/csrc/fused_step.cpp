@@ -23,6 +23,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include "../../csrc/vector_math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -35,6 +37,9 @@ namespace {
 using at::Tensor;
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
+using relmem_math::exp_nonpositive;
+using relmem_math::sigmoid;
+using relmem_math::tanh_of;
 
 constexpr double kEps = 1e-5;
 
@@ -161,54 +166,6 @@ template <typename scalar_t>
 [[gnu::always_inline]] inline void axpy(scalar_t a, const scalar_t* __restrict x,
                                         scalar_t* __restrict y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
-// e^y for y <= 0, written so that the compiler can vectorise loops that call it: in float a
-// Cody-Waite range reduction and Cephes' degree-6 polynomial (within 2 ulp of expf), exactly 0
-// below the normal range (so σ(−∞) = 0 and a −∞ gate bias closes a gate bitwise), NaN kept;
-// in double (the tests' dtype) std::exp.
-template <typename scalar_t>
-[[gnu::always_inline]] inline scalar_t exp_nonpositive(scalar_t y) {
-  return std::exp(y);
-}
-
-template <>
-[[gnu::always_inline]] inline float exp_nonpositive(float y) {
-  const float clamped = y > -88.0f ? y : -88.0f;  // NaN -> -88: the arithmetic stays finite
-  const float n = std::floor(clamped * 1.44269504088896341f + 0.5f);
-  const float r = (clamped - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return y >= -87.3f ? p * scale : (y < -87.3f ? 0.0f : y);
-}
-
-// σ(x) from e^−|x|: no overflow, σ(±∞) exactly 1 and 0.
-template <typename scalar_t>
-[[gnu::always_inline]] inline scalar_t sigmoid(scalar_t x) {
-  const scalar_t e = exp_nonpositive(-std::abs(x));
-  const scalar_t s = scalar_t(1) / (scalar_t(1) + e);
-  return x >= 0 ? s : e * s;
-}
-
-// tanh(x) = sign(x)·(1 − e^−2|x|)/(1 + e^−2|x|) in float; std::tanh in double.
-template <typename scalar_t>
-[[gnu::always_inline]] inline scalar_t tanh_of(scalar_t x) {
-  return std::tanh(x);
-}
-
-template <>
-[[gnu::always_inline]] inline float tanh_of(float x) {
-  const float e = exp_nonpositive(-2.0f * std::abs(x));
-  const float t = (1.0f - e) / (1.0f + e);
-  return x >= 0 ? t : -t;
 }
 
 // Row-wise LayerNorm forward of `rows` rows of width `width`: out = xhat·γ + β, keeping
