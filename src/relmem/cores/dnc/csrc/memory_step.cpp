@@ -1023,6 +1023,46 @@ bool any(const std::vector<uint8_t>& flags) {
   return std::any_of(flags.begin(), flags.end(), [](uint8_t f) { return f != 0; });
 }
 
+// One example's LSTM gates from their pre-activations g [4H] (x W_ih^T + b_ih + h W_hh^T + b_hh,
+// PyTorch's order i f g o) and the previous cell cp [H]: the activations into acts [4H], the
+// pre-clip c and h into pre [2H], the clipped new state into c_new, h_new [H]. The columns run
+// in vector lanes (the σ and tanh of vector_math.h are inline arithmetic).
+template <typename T>
+void lstm_gates(int64_t H, T forget_bias, double clip, const T* __restrict g,
+                const T* __restrict cp, T* __restrict acts, T* __restrict pre,
+                T* __restrict c_new, T* __restrict h_new) {
+#pragma omp simd
+  for (int64_t j = 0; j < H; ++j) {
+    const T i = sigmoid(g[j]), f = sigmoid(g[H + j] + forget_bias);
+    const T gg = tanh_of(g[2 * H + j]), o = sigmoid(g[3 * H + j]);
+    acts[j] = i, acts[H + j] = f, acts[2 * H + j] = gg, acts[3 * H + j] = o;
+    const T c = f * cp[j] + i * gg;
+    const T h = o * tanh_of(c);
+    pre[j] = c, pre[H + j] = h;
+    c_new[j] = clipped(c, clip);
+    h_new[j] = clipped(h, clip);
+  }
+}
+
+// One example's GRU gates from xg = x W_ih^T + b_ih and hg = h W_hh^T + b_hh [3H] (r z n) and
+// the previous hidden hp [H]: r, z, n and W_hn h + b_hn into acts [4H], the pre-clip h into
+// pre [H], the clipped new hidden into h_new [H]. h' = (1 − z) n + z h,
+// n = tanh(x W_in + b_in + r ∘ (h W_hn + b_hn)).
+template <typename T>
+void gru_gates(int64_t H, double clip, const T* __restrict xg, const T* __restrict hg,
+               const T* __restrict hp, T* __restrict acts, T* __restrict pre,
+               T* __restrict h_new) {
+#pragma omp simd
+  for (int64_t j = 0; j < H; ++j) {
+    const T r = sigmoid(xg[j] + hg[j]), z = sigmoid(xg[H + j] + hg[H + j]);
+    const T n = tanh_of(xg[2 * H + j] + r * hg[2 * H + j]);
+    acts[j] = r, acts[H + j] = z, acts[2 * H + j] = n, acts[3 * H + j] = hg[2 * H + j];
+    const T h = (T(1) - z) * n + z * hp[j];
+    pre[j] = h;
+    h_new[j] = clipped(h, clip);
+  }
+}
+
 // weights: per layer w_ih [G, in + R·W], w_hh [G, H], b_ih [G], b_hh [G]; then w_xi [I, L·H],
 // b_xi [I]. Returns hiddens [T, B, L·H], reads [T, B, R·W].
 template <typename T>
@@ -1064,18 +1104,8 @@ void sequence_forward(const Seq& q, const Dims& d, const Tensor& x, const Tensor
         const T* cp = buf.c[l][si].data_ptr<T>();
         T* c_new = buf.c[l][so].data_ptr<T>();
         for (int64_t b = 0; b < B; ++b) {
-          for (int64_t j = 0; j < H; ++j) {
-            const T* gr = g + b * q.G;
-            T* ar = acts + b * 4 * H;
-            const T i = sigmoid(gr[j]), f = sigmoid(gr[H + j] + T(q.forget_bias));
-            const T gg = tanh_of(gr[2 * H + j]), o = sigmoid(gr[3 * H + j]);
-            ar[j] = i, ar[H + j] = f, ar[2 * H + j] = gg, ar[3 * H + j] = o;
-            const T c = f * cp[b * H + j] + i * gg;
-            const T h = o * tanh_of(c);
-            pre[b * 2 * H + j] = c, pre[b * 2 * H + H + j] = h;
-            c_new[b * H + j] = clipped(c, q.clip);
-            h_new[b * H + j] = clipped(h, q.clip);
-          }
+          lstm_gates(H, T(q.forget_bias), q.clip, g + b * q.G, cp + b * H, acts + b * 4 * H,
+                     pre + b * 2 * H, c_new + b * H, h_new + b * H);
         }
       } else {
         // r, z, n = σ(·), σ(·), tanh(x W_in + b_in + r ∘ (h W_hn + b_hn)); h' = (1 − z) n + z h
@@ -1084,17 +1114,8 @@ void sequence_forward(const Seq& q, const Dims& d, const Tensor& x, const Tensor
         const T* xg = gi.data_ptr<T>();
         const T* hg = gh.data_ptr<T>();
         for (int64_t b = 0; b < B; ++b) {
-          for (int64_t j = 0; j < H; ++j) {
-            const T* xr = xg + b * q.G;
-            const T* hr = hg + b * q.G;
-            T* ar = acts + b * 4 * H;
-            const T r = sigmoid(xr[j] + hr[j]), z = sigmoid(xr[H + j] + hr[H + j]);
-            const T n = tanh_of(xr[2 * H + j] + r * hr[2 * H + j]);
-            ar[j] = r, ar[H + j] = z, ar[2 * H + j] = n, ar[3 * H + j] = hr[2 * H + j];
-            const T h = (T(1) - z) * n + z * hp[b * H + j];
-            pre[b * 2 * H + j] = h;
-            h_new[b * H + j] = clipped(h, q.clip);
-          }
+          gru_gates(H, q.clip, xg + b * q.G, hg + b * q.G, hp + b * H, acts + b * 4 * H,
+                    pre + b * 2 * H, h_new + b * H);
         }
       }
       for (int64_t b = 0; b < B; ++b) {
