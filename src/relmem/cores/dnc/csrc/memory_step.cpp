@@ -1200,6 +1200,19 @@ tensor_list sequence_backward(const Seq& q, const Dims& d, const Tensor& x, cons
   const Tensor g_x = at::empty({q.T, B, X}, o);
   const Tensor g_hidden = at::empty({B, LH}, o);
   std::vector<Tensor> g_above(q.L);  // of h^l through layer l + 1's input
+  // Each step's buffers, allocated once: the memory step's output gradients (of the read vectors
+  // with the loop's own), the input gradients it writes (swapped with gm after the step), the
+  // carried controller gradients' next values (swapped likewise), χ_t's gradient.
+  Tensor g_rv = at::empty_like(gm[6]);
+  tensor_list spare(7);
+  for (int64_t k = 0; k < 7; ++k) spare[k] = at::empty_like(gm[k]);
+  std::vector<Tensor> gh_spare(q.L), gc_spare(q.L), g_in(q.L);
+  for (int64_t l = 0; l < q.L; ++l) {
+    gh_spare[l] = at::empty({B, H}, o);
+    if (q.lstm) gc_spare[l] = at::empty({B, H}, o);
+    g_in[l] = at::empty({B, q.in(l) + RW}, o);  // of the layer's input rows
+  }
+  const Tensor g_chi = at::empty({B, X + RW}, o);
   for (int64_t t = q.T - 1; t >= 0; --t) {
     const std::vector<uint8_t> done = finished_at(lengths, t, B);
     std::vector<uint8_t> active(B);
@@ -1207,11 +1220,12 @@ tensor_list sequence_backward(const Seq& q, const Dims& d, const Tensor& x, cons
     const bool some_done = any(done);
     // the memory step (finished rows skipped: their state is carried)
     tensor_list gout = gm;
-    Tensor g_rv = gm[6].clone();
-    if (g_reads.defined()) g_rv.add_(g_reads[t].view({B, d.R, d.W}));
-    gout[6] = g_rv;
+    if (g_reads.defined()) {
+      at::add_out(g_rv, gm[6], g_reads[t].view({B, d.R, d.W}));
+      gout[6] = g_rv;
+    }
     tensor_list gin = {g_xi[t]};
-    for (int64_t k = 0; k < 6; ++k) gin.push_back(at::empty_like(gm[k]));
+    for (int64_t k = 0; k < 6; ++k) gin.push_back(spare[k]);
     backward_into(d, memory_inputs(d, buf, buf.xi[t], t), memory_outputs(d, buf, t + 1),
                   buf.slabs[t], buf.orders[t], gout, gin, some_done ? active.data() : nullptr);
     if (some_done) {
@@ -1229,8 +1243,9 @@ tensor_list sequence_backward(const Seq& q, const Dims& d, const Tensor& x, cons
         if (done[b]) g_hidden[b].zero_();
       }
     }
-    Tensor g_chi = at::zeros({B, X + RW}, o);
-    std::vector<Tensor> gh_prev(q.L), gc_prev(q.L);
+    g_chi.zero_();
+    std::vector<Tensor>& gh_prev = gh_spare;
+    std::vector<Tensor>& gc_prev = gc_spare;
     for (int64_t l = q.L - 1; l >= 0; --l) {
       const T* gh_out = g_hidden.data_ptr<T>();
       const T* ghc = gh[l].data_ptr<T>();
@@ -1240,9 +1255,8 @@ tensor_list sequence_backward(const Seq& q, const Dims& d, const Tensor& x, cons
       const T* hp = buf.h[l][t].data_ptr<T>();
       T* gi = g_gi[l][t].data_ptr<T>();
       T* ghh = g_gh[l][t].data_ptr<T>();
-      Tensor direct = at::empty({B, H}, o);  // of h_{t−1} not through W_hh (GRU's z ∘ h)
+      const Tensor& direct = gh_prev[l];  // of h_{t−1} not through W_hh (GRU's z ∘ h)
       T* dh = direct.data_ptr<T>();
-      if (q.lstm) gc_prev[l] = at::empty({B, H}, o);
       const T* gcc = q.lstm ? gc[l].data_ptr<T>() : nullptr;
       const T* cp = q.lstm ? buf.c[l][t].data_ptr<T>() : nullptr;
       T* gcp = q.lstm ? gc_prev[l].data_ptr<T>() : nullptr;
@@ -1283,13 +1297,14 @@ tensor_list sequence_backward(const Seq& q, const Dims& d, const Tensor& x, cons
           }
         }
       }
-      const Tensor g_in = at::mm(g_gi[l][t], w[4 * l]);  // [B, in + R·W]
-      gh_prev[l] = direct.addmm_(g_gh[l][t], w[4 * l + 1]);
-      g_chi.add_(g_in.narrow(1, 0, X + RW));
-      if (l > 0) g_above[l - 1] = g_in.narrow(1, X + RW, H).contiguous();
+      at::mm_out(g_in[l], g_gi[l][t], w[4 * l]);
+      gh_prev[l].addmm_(g_gh[l][t], w[4 * l + 1]);
+      g_chi.add_(g_in[l].narrow(1, 0, X + RW));
+      if (l > 0) g_above[l - 1] = g_in[l].narrow(1, X + RW, H).contiguous();
     }
     g_x[t].copy_(g_chi.narrow(1, 0, X));
-    Tensor g_rv_prev = g_chi.narrow(1, X, RW).contiguous().view({B, d.R, d.W});
+    Tensor g_rv_prev = spare[6];
+    g_rv_prev.view({B, RW}).copy_(g_chi.narrow(1, X, RW));
     if (some_done) {
       add_rows<T>(g_rv_prev, gm[6], done);
       for (int64_t l = 0; l < q.L; ++l) {
@@ -1298,12 +1313,11 @@ tensor_list sequence_backward(const Seq& q, const Dims& d, const Tensor& x, cons
       }
     }
     for (int64_t l = 0; l < q.L; ++l) {
-      gh[l] = gh_prev[l];
-      if (q.lstm) gc[l] = gc_prev[l];
+      std::swap(gh[l], gh_prev[l]);
+      if (q.lstm) std::swap(gc[l], gc_prev[l]);
       g_above[l] = Tensor();
     }
-    for (int64_t k = 0; k < 6; ++k) gm[k] = gin[k + 1];
-    gm[6] = g_rv_prev;
+    for (int64_t k = 0; k < 7; ++k) std::swap(gm[k], spare[k]);
   }
   // each weight's gradient over all T·B rows at once
   tensor_list out{g_x};
