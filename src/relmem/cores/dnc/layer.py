@@ -236,7 +236,8 @@ class MemoryControllerLayer(nn.Module):
             hidden_seq, read_seq, state = fused_recurrence(
                 self.memory, self.controller, x, state, seq.lengths
             )
-            chi_seq = torch.cat([x, torch.cat([reads_before, read_seq[:-1]])], dim=-1)
+            if self.backward_rnn is not None:  # only the backward direction reads z
+                chi_seq = torch.cat([x, torch.cat([reads_before, read_seq[:-1]])], dim=-1)
         else:
             hidden_seq, read_seq, chi_seq, state = self._reference_loop(x, state, seq.lengths)
         if self.backward_rnn is not None:
