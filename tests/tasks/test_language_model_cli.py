@@ -239,3 +239,31 @@ def test_an_evaluation_off_the_grid_does_not_compete_for_best(tmp_path: Path, ca
     assert records[-1].get("stop") == 1 and records[-1]["step"] == 7
     best = ckpt_io.best_checkpoint(run_dir)
     assert json.loads((best / ckpt_io.META_FILE).read_text())["step"] in (3, 6)
+
+
+def test_eval_of_the_best_copy_says_where_better_last_weights_are(tmp_path: Path, capsys) -> None:
+    """`relmem eval RUN` reads checkpoints/best; when the run's last evaluation, off the grid,
+    beat it (summary.json), a note on stderr names the later weights and how to read them, and
+    only then (not when the end was worse, nor when --checkpoint chose)."""
+    data = write_sample(tmp_path / "data")
+    argv = train_args(data, tmp_path, "run", "--steps", "7", "--task.embedding-dropout", "0")
+    assert cli.main(argv) == 0
+    run_dir = tmp_path / "run"
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    name = summary["metric"]
+    best = summary[f"best_held_out_{name}"]
+    assert summary["held_out_step"] == 7 and isinstance(best, float)
+    latest = str(run_dir / ckpt_io.CHECKPOINT_DIR / ckpt_io.LATEST_FILE)
+
+    def note_after_eval(end: float, *extra: str) -> str:
+        summary_path.write_text(json.dumps(summary | {f"held_out_{name}": end}))
+        capsys.readouterr()
+        assert cli.main(["eval", str(run_dir), "--device", "cpu", *extra]) == 0
+        return "\n".join(line for line in capsys.readouterr().err.splitlines() if "note" in line)
+
+    better, worse = best / 2, best * 2  # the language model's perplexity: lower is better
+    note = note_after_eval(better)
+    assert "step 7" in note and f"--checkpoint {latest}" in note
+    assert note_after_eval(worse) == ""
+    assert note_after_eval(better, "--checkpoint", latest) == ""

@@ -27,10 +27,18 @@ import tyro
 
 from relmem.commands.errors import describe_error
 from relmem.files import FileRefused, file_digest, open_regular, read_json
+from relmem.tasks.base import MetricSpec
 from relmem.tasks.reading.documents import read_held_out_articles
 from relmem.tasks.reading.task import Reading
 from relmem.tasks.registry import get_task
-from relmem.train.checkpoint import MAX_META_BYTES, META_FILE, CheckpointError
+from relmem.train.checkpoint import (
+    BEST_NAME,
+    CHECKPOINT_DIR,
+    LATEST_FILE,
+    MAX_META_BYTES,
+    META_FILE,
+    CheckpointError,
+)
 from relmem.train.distributed import resolve_device
 from relmem.train.evaluation import evaluate
 from relmem.train.runs import MAX_PARAMETERS, load_run_config, load_trained, write_json
@@ -133,6 +141,13 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
     print(f"{task_name} / {config.model}, checkpoint {ckpt} (step {step})")
+    note = (
+        None
+        if args.checkpoint is not None
+        else _later_weights_note(args.run_dir, ckpt, step, metric)
+    )
+    if note is not None:
+        print(note, file=sys.stderr)
     # a stateful task's held-out set is a few long rows of one stream, walked in windows
     unit = "rows of the split" if task.stateful else "sequences"
     print(
@@ -330,6 +345,40 @@ def _is_record(path: Path) -> bool:
     except FileRefused:
         return False
     return isinstance(record, dict) and {"task", "model", "checkpoint", "step"} <= set(record)
+
+
+def _later_weights_note(run_dir: Path, ckpt: Path, step: int, metric: MetricSpec) -> str | None:
+    """Where a run's last weights are, when ``ckpt`` (read by default) is its best copy and the
+    run ended later with a better held-out figure: an evaluation off the evaluation grid (a
+    time limit, a last step between evaluations) never replaces the best copy (``docs/runs.md``
+    §1), so a time-limited run's summary can beat what ``relmem eval`` reads. None otherwise,
+    or when the run's ``summary.json`` cannot be read."""
+    if ckpt.name != BEST_NAME:
+        return None
+    try:
+        summary = read_json(run_dir / "summary.json", MAX_META_BYTES)
+    except (ValueError, OSError):
+        return None
+    if not isinstance(summary, dict):
+        return None
+    end_step = summary.get("held_out_step")
+    end = summary.get(f"held_out_{metric.name}")
+    best = summary.get(f"best_held_out_{metric.name}")
+    if not (
+        isinstance(end_step, int)
+        and end_step > step
+        and isinstance(end, float | int)
+        and isinstance(best, float | int)
+        and (end > best if metric.higher_is_better else end < best)
+    ):
+        return None
+    latest = run_dir / CHECKPOINT_DIR / LATEST_FILE
+    return (
+        f"relmem eval: note: this reads the best copy (step {step}, held-out "
+        f"{metric.description} {metric.format(best)} on the evaluation grid); the run ended "
+        f"at step {end_step} with {metric.format(end)}, an evaluation off the grid, which never "
+        f"replaces the best copy: --checkpoint {latest} reads those weights"
+    )
 
 
 def _step_of(ckpt: Path) -> int:
