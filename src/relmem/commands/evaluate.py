@@ -41,7 +41,14 @@ from relmem.train.checkpoint import (
 )
 from relmem.train.distributed import resolve_device
 from relmem.train.evaluation import evaluate
-from relmem.train.runs import MAX_PARAMETERS, load_run_config, load_trained, write_json
+from relmem.train.runs import (
+    MAX_PARAMETERS,
+    MAX_RUN_JSON_BYTES,
+    SUMMARY_FILE,
+    load_run_config,
+    load_trained,
+    write_json,
+)
 
 PREDICTIONS_INFIX = "-predictions-"  # in RECORD-predictions-DATA.json (_predictions_path)
 
@@ -356,7 +363,7 @@ def _later_weights_note(run_dir: Path, ckpt: Path, step: int, metric: MetricSpec
     if ckpt.name != BEST_NAME:
         return None
     try:
-        summary = read_json(run_dir / "summary.json", MAX_META_BYTES)
+        summary = read_json(run_dir / SUMMARY_FILE, MAX_RUN_JSON_BYTES)
     except (ValueError, OSError):
         return None
     if not isinstance(summary, dict):

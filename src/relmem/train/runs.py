@@ -42,6 +42,7 @@ MAX_STATE_ELEMENTS = 1 << 28  # one example's recurrent state and per-step atten
 MAX_PARAMETERS = 2**28
 
 DATA_FILE = "data.json"  # the task's data identity (Task.data_identity) when the run started
+SUMMARY_FILE = "summary.json"  # how the run ended: its status, steps and last held-out figures
 MAX_RUN_JSON_BYTES = 16 * MiB  # config.json, data.json: a few kilobytes when written
 MAX_RUN_RECORD_BYTES = 64 * MiB  # run.json: under a kilobyte per invocation
 

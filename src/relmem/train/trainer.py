@@ -47,6 +47,7 @@ from relmem.train.lock import RunLock
 from relmem.train.metrics import JsonlLogger, MetricLogger, MultiLogger, TensorBoardLogger
 from relmem.train.optimizers import AdamEpsHat, TFRMSprop
 from relmem.train.runs import (
+    SUMMARY_FILE,
     build_model,
     check_data_identity,
     check_model_size,
@@ -755,7 +756,7 @@ class Trainer:
         """Write ``summary.json``, close the loggers and print the outcome (rank 0)."""
         if self.logger is None:
             return
-        write_json(self.run_dir / "summary.json", summary)
+        write_json(self.run_dir / SUMMARY_FILE, summary)
         self.logger.close()
         self.release()
         value = summary[f"held_out_{self.metric.name}"]
