@@ -62,10 +62,6 @@ struct Dims {
   }
 };
 
-// The erase and add loop's columns per pass (a stack buffer).
-constexpr int64_t kMaxWordChunk = 256;
-
-
 // torch.clamp to ±clip (0: none) and the set where it passes the gradient (the closed interval).
 template <typename T>
 inline bool inside(T x, double clip) {
@@ -312,28 +308,19 @@ void step_forward(const Dims& d, const Inputs<T>& in, Scratch<T>& s) {
     }
   }
 
-  // 6. erase and add, the word's columns innermost: M[n, c] = Mp[n, c] keep[c] + add[c]
+  // 6. erase and add, the word's columns innermost: M[n, c] = Mp[n, c] Π_j (1 − w_jn e_jc),
+  // then + w_jn v_jc head by head
   for (int64_t n = 0; n < N; ++n) {
-    T* __restrict keep = s.memory.data() + n * W;  // keep, then the new row
-    T add[kMaxWordChunk];
-    for (int64_t c0 = 0; c0 < W; c0 += kMaxWordChunk) {
-      const int64_t width = std::min(kMaxWordChunk, W - c0);
-      std::fill(keep + c0, keep + c0 + width, T(1));
-      std::fill(add, add + width, T(0));
-      for (int64_t j = 0; j < Wh; ++j) {
-        const T w = s.ww[j * N + n];
-        const T* e = s.erase.data() + j * W + c0;
-        const T* v = write_vectors + j * W + c0;
+    T* __restrict row = s.memory.data() + n * W;
+    const T* mp = in.M + n * W;
+    std::copy(mp, mp + W, row);
+    for (int64_t j = 0; j < Wh; ++j) {
+      const T w = s.ww[j * N + n];
+      const T* e = s.erase.data() + j * W;
 #pragma omp simd
-        for (int64_t c = 0; c < width; ++c) {
-          keep[c0 + c] *= T(1) - w * e[c];
-          add[c] += w * v[c];
-        }
-      }
-      const T* mp = in.M + n * W + c0;
-#pragma omp simd
-      for (int64_t c = 0; c < width; ++c) keep[c0 + c] = mp[c] * keep[c0 + c] + add[c];
+      for (int64_t c = 0; c < W; ++c) row[c] *= T(1) - w * e[c];
     }
+    for (int64_t j = 0; j < Wh; ++j) axpy(row, s.ww[j * N + n], write_vectors + j * W, W);
   }
 
   // 7. link with the previous precedence, then precedence; the directional weights from each
