@@ -50,11 +50,8 @@ def rank_in_articles(squad: SquadFile, questions: Iterable[int]) -> dict[int, li
     paragraph whose text repeats an earlier one's is left out, and a question's own paragraph
     stands in the place of its twin (so that its gold span is read where the text is)."""
     members = squad.article_paragraphs()
-    asked: dict[str, list[int]] = {}
-    for i in questions:
-        asked.setdefault(squad.titles[squad.questions[i].paragraph], []).append(i)
     ranked: dict[int, list[int]] = {}
-    for title, mine in asked.items():
+    for title, mine in squad.questions_by_article(questions).items():
         paragraphs = members[title]
         index = ParagraphIndex([squad.contexts[p] for p in paragraphs])
         for i in mine:

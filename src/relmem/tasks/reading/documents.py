@@ -62,9 +62,7 @@ def read_articles(
     Raises:
         ValueError: ``paragraphs`` is negative (as :class:`AnswerReader`).
     """
-    by_article: dict[str, list[int]] = {}
-    for i in questions:
-        by_article.setdefault(squad.titles[squad.questions[i].paragraph], []).append(i)
+    by_article = squad.questions_by_article(questions)
     members_of = squad.article_paragraphs()
     predictions: dict[str, str] = {}
     found = answerable = 0

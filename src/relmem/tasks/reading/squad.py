@@ -15,6 +15,7 @@ span (:func:`align`).
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,14 @@ class SquadFile:
         for p, title in enumerate(self.titles):
             members.setdefault(title, []).append(p)
         return members
+
+    def questions_by_article(self, questions: Iterable[int]) -> dict[str, list[int]]:
+        """``questions`` (indices into :attr:`questions`, in their order) grouped by their
+        article's title, the articles in the order their first question comes."""
+        asked: dict[str, list[int]] = {}
+        for i in questions:
+            asked.setdefault(self.titles[self.questions[i].paragraph], []).append(i)
+        return asked
 
 
 def _fail(path: Path, where: str, message: str) -> SquadError:
