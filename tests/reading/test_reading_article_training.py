@@ -174,6 +174,37 @@ def test_top_k_0_reads_every_paragraph_of_the_article(articles_file: Path) -> No
     assert max(task.held.sizes) < 30 < min(expected) and (held.groups == 1).all()
 
 
+def test_an_article_run_also_reads_each_held_out_question_from_its_own_paragraph(
+    articles_file: Path,
+) -> None:
+    task = build(articles_file, top_k=0)
+    paragraph = Reading(ReadingConfig(
+        train_file=articles_file, dev_file=articles_file, min_char_count=1,
+        max_context_tokens=None,
+    ))  # fmt: skip
+    cpu = torch.device("cpu")
+    assert paragraph.more_held_out(cpu) == {}
+    own = task.more_held_out(cpu)["paragraph-level"]
+    expected = paragraph.held_out(cpu)
+    rows = torch.arange(own.size)
+    mine, theirs = own.select(rows), expected.select(rows)
+    # the same rows as the paragraph run's held-out set, in the same order, where the
+    # article run's own held-out rows read whole articles
+    assert torch.equal(mine.inputs, theirs.inputs) and torch.equal(mine.lengths, theirs.lengths)
+    assert torch.equal(mine.targets[:, :3], theirs.targets[:, :3])
+    assert torch.equal(mine.groups, theirs.groups)
+    assert (task.held_out(cpu).lengths > own.lengths.max()).any()
+    # a span is cut from the question's own paragraph: the gold span gives the answer
+    logits = torch.full((own.size, mine.inputs.shape[1] - task.config.question_tokens + 1, 2), -9.0)
+    for row in range(own.size):
+        first, last = mine.targets[row, :2].tolist()
+        logits[row, 1 + first, 0] = logits[row, 1 + last, 1] = 9.0
+    answers = task.predictions(logits, mine)
+    questions = {q.qid: q for q in task.held.squad.questions}
+    assert answers == {qid: questions[qid].answers[0] for qid in answers}
+    assert task.measure(logits, mine)["f1"].value().item() == pytest.approx(1.0)
+
+
 def test_a_predicted_span_maps_to_its_own_paragraphs_text(articles_file: Path) -> None:
     task = build(articles_file, top_k=0)
     encoded = task.train
@@ -284,7 +315,11 @@ def test_train_and_eval_reading_articles(articles_file: Path, tmp_path: Path, ca
     out = tmp_path / "article-eval.json"
     argv = ["eval", str(run), "--document", "article", "--json-out", str(out)]
     assert cli.main(argv) == 0
-    assert json.loads(out.read_text())["article"]["official"]["all"]["total"] == 10
+    record = json.loads(out.read_text())
+    assert record["article"]["official"]["all"]["total"] == 10
+    # and from each question's own paragraph: the same run's paragraph-level figures
+    assert record["more_held_out"]["paragraph-level"]["count"] == 10
+    assert "paragraph-level F1 " in capsys.readouterr().out
     # a paragraph run refuses the article run's weights: they were trained on other rows
     assert cli.main(train_args(folder, tmp_path, "paragraph", "--steps", "1")) == 0
     capsys.readouterr()

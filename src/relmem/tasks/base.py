@@ -347,7 +347,7 @@ class Task(ABC):
             ``{'loss': Measure, metric.name: Measure, ...}``, every field ``[B]``.
         """
 
-    def more_held_out(self, device: torch.device) -> dict[str, Batch]:
+    def more_held_out(self, device: torch.device) -> dict[str, Batch | LazyRows]:
         """Further fixed sets that ``relmem eval`` reports beside :meth:`held_out`, by name
         (a language model's test split); none by default."""
         return {}

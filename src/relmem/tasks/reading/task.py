@@ -63,8 +63,10 @@ EXACT_MATCH = MetricSpec("exact_match", True, "exact match", "em", percent=True)
 HAS_ANSWER_F1 = MetricSpec("has_answer_f1", True, "F1 on answerable questions", "hf1", True)
 NO_ANSWER_F1 = MetricSpec("no_answer_f1", True, "F1 on unanswerable questions", "nf1", True)
 
-# which split a row's question comes from (targets[:, 3])
-TRAIN, HELD_OUT = 0, 1
+# which rows a question's row comes from (targets[:, 3]): a training question; a held-out one
+# as the run reads it; a held-out one read from its own paragraph alone (an article run's
+# paragraph-level figure, ``more_held_out``)
+TRAIN, HELD_OUT, OWN_PARAGRAPH = 0, 1, 2
 
 
 @dataclass
@@ -219,8 +221,9 @@ class Reading(Task):
         train, held: the encoded files the training and evaluation questions come from (the
             same one when articles are held out).
         train_index, held_index: ``[N]`` int64 the questions of each split, in those files.
-        contexts: by split, each question's row paragraphs (a list per question of that
-            split's file, in reading order): its own paragraph, or its article's
+        contexts: by split (``TRAIN``, ``HELD_OUT``, and reading articles ``OWN_PARAGRAPH``),
+            each question's row paragraphs (a list per question of that split's file, in
+            reading order): its own paragraph, or its article's
             (:mod:`~relmem.tasks.reading.articles`).
         context_tokens: by split, ``[N]`` int64 each question's row context tokens (before
             ``max_context_tokens`` cuts a training row).
@@ -270,9 +273,11 @@ class Reading(Task):
             TRAIN: self._row_paragraphs(self.train, self.train_index, training=True),
             HELD_OUT: self._row_paragraphs(self.held, self.held_index, training=False),
         }
+        if config.document == "article":
+            self.contexts[OWN_PARAGRAPH] = [[q.paragraph] for q in self.held.squad.questions]
         self.context_tokens = {
-            split: self._encoded(split).joined_tokens(self.contexts[split])
-            for split in (TRAIN, HELD_OUT)
+            split: self._encoded(split).joined_tokens(contexts)
+            for split, contexts in self.contexts.items()
         }
         lengths = self.context_tokens[TRAIN][self.train_index]
         self._by_length = self.train_index[torch.argsort(lengths, stable=True)]
@@ -405,16 +410,29 @@ class Reading(Task):
     def held_out(self, device: torch.device) -> LazyRows:
         """Every held-out question (or the first ``test_size``), shortest context first, whole
         contexts; padded a chunk at a time (one long context would otherwise pad every row)."""
+        return self._held_out_rows(HELD_OUT, device)
+
+    def more_held_out(self, device: torch.device) -> dict[str, LazyRows]:
+        """Reading articles: the same held-out questions each read from its own paragraph
+        alone, ``'paragraph-level'`` (what the run scores when handed the right paragraph,
+        beside :meth:`held_out`'s article rows); nothing more for a paragraph run."""
+        if self.config.document == "paragraph":
+            return {}
+        return {"paragraph-level": self._held_out_rows(OWN_PARAGRAPH, device)}
+
+    def _held_out_rows(self, split: int, device: torch.device) -> LazyRows:
+        """The held-out questions' rows of ``split`` (``HELD_OUT`` or ``OWN_PARAGRAPH``), as
+        :meth:`held_out` describes."""
         index = self.held_index
-        tokens = self.context_tokens[HELD_OUT]
+        tokens = self.context_tokens[split]
         index = index[torch.argsort(tokens[index], stable=True)]
-        contexts = [self.contexts[HELD_OUT][i] for i in index.tolist()]
+        contexts = [self.contexts[split][i] for i in index.tolist()]
         gold = self.held.row_gold(index, contexts)
-        targets, groups = self._targets_and_groups(HELD_OUT, index, gold)
+        targets, groups = self._targets_and_groups(split, index, gold)
         lengths = tokens[index] + self.config.question_tokens
 
         def build(rows: Tensor) -> Batch:
-            return self._batch(HELD_OUT, index[rows.cpu()], None).to(device)
+            return self._batch(split, index[rows.cpu()], None).to(device)
 
         return LazyRows(targets.to(device), groups.to(device), lengths.to(device), build)
 
