@@ -236,6 +236,53 @@ def test_a_predicted_span_maps_to_its_own_paragraphs_text(articles_file: Path) -
     assert task.predicted_texts(logits, batch)[0] in (".", "A")
 
 
+def test_windows_rows_stand_their_paragraphs_one_padding_step_apart(articles_file: Path) -> None:
+    joined, windows = (
+        build(articles_file, top_k=3),
+        build(articles_file, top_k=3, reading="windows"),
+    )
+    assert windows.spec.options["reader"].windows and not joined.spec.options["reader"].windows
+    assert windows.contexts == joined.contexts  # the same paragraphs, read another way
+    index = windows.train_index
+    mine, theirs = windows._batch(TRAIN, index, None), joined._batch(TRAIN, index, None)
+    q = windows.config.question_tokens
+    for row, i in enumerate(index.tolist()):
+        read = windows.contexts[TRAIN][i]
+        sizes = [windows.train.sizes[p] for p in read]
+        gaps = torch.tensor([sum(sizes[: k + 1]) + k for k in range(len(read) - 1)])
+        assert int(mine.lengths[row]) == q + sum(sizes) + len(read) - 1
+        assert (mine.inputs[row, q + gaps] == 0).all()  # a padding step between paragraphs
+        steps = torch.arange(int(mine.lengths[row]) - q)
+        tokens = steps[~torch.isin(steps, gaps)]
+        assert torch.equal(
+            mine.inputs[row, q + tokens, 0], theirs.inputs[row, q : q + len(tokens), 0]
+        )
+        # the gold span: the joined row's, moved past the gaps before its paragraph
+        first, last = mine.targets[row, :2].tolist()
+        before = read.index(windows.train.squad.questions[i].paragraph)
+        assert [first, last] == [v + before for v in theirs.targets[row, :2].tolist()]
+        answer = windows.train.answer_text(i, first, last, read, gap=1)[0]
+        assert answer == windows.train.squad.questions[i].answers[0]
+        segments = windows.train.segments(read, gap=1)
+        assert (segments[gaps] == -1).all() and (segments[tokens] >= 0).all()
+    with pytest.raises(ValueError, match="lies on the gap before paragraph"):
+        i = index[0].item()
+        read = windows.contexts[TRAIN][i]
+        windows.train.answer_text(i, windows.train.sizes[read[0]], 0, read, gap=1)
+    # a predicted span maps to its paragraph's text: the smokehouse question's own paragraph
+    # is its row's third, after two others and two gaps
+    smoke = question_index(windows, "h2")
+    read = windows.contexts[TRAIN][smoke]
+    at = windows.train.sizes[read[0]] + windows.train.sizes[read[1]] + 2
+    batch = Batch(torch.zeros(1, 1), torch.tensor([[-1, -1, smoke, TRAIN]]))
+    logits = torch.full((1, 1 + int(windows.context_tokens[TRAIN][smoke]), 2), -9.0)
+    logits[0, 1 + at, 0] = logits[0, 1 + at, 1] = 9.0
+    assert windows.predicted_texts(logits, batch) == ["Smokehouses"]
+    assert (
+        windows.data_identity()["reading"] == "windows" and "reading" not in joined.data_identity()
+    )
+
+
 def test_a_training_row_leaves_out_distractors_past_max_context_tokens(
     articles_file: Path,
 ) -> None:
@@ -296,7 +343,7 @@ def test_train_and_eval_reading_articles(articles_file: Path, tmp_path: Path, ca
         (folder / name).write_bytes(articles_file.read_bytes())
     article = ["--task.document", "article", "--task.top-k", "2"]
     assert cli.main(train_args(folder, tmp_path, "article", *article)) == 0
-    assert "articles: the 2 best BM25+ ranked paragraphs a row" in capsys.readouterr().err
+    assert "articles (joined): the 2 best BM25+ ranked paragraphs a row" in capsys.readouterr().err
     run = tmp_path / "article"
     config = json.loads((run / "config.json").read_text())["task"]
     assert (config["document"], config["top_k"]) == ("article", 2)
@@ -330,6 +377,19 @@ def test_train_and_eval_reading_articles(articles_file: Path, tmp_path: Path, ca
     assert cli.main(argv) == 2
     assert "its document, top_k differ from the run's" in capsys.readouterr().err
     assert not other.exists()
+    # the same data read as windows: trained, evaluated, and the joined run's weights refused
+    windows = ["--task.reading", "windows"]
+    assert cli.main(train_args(folder, tmp_path, "windows", *article, *windows)) == 0
+    run = tmp_path / "windows"
+    assert json.loads((run / "config.json").read_text())["task"]["reading"] == "windows"
+    assert json.loads((run / "data.json").read_text())["reading"] == "windows"
+    assert cli.main(["eval", str(run), "--document", "article"]) == 0
+    record = json.loads((run / "eval.json").read_text())
+    assert record["official"]["all"]["total"] == 10 and "article" in record
+    capsys.readouterr()
+    argv = ["eval", str(run), "--checkpoint", str(best), "--json-out", str(other)]
+    assert cli.main(argv) == 2
+    assert "differ from the run's" in capsys.readouterr().err
 
 
 def one_paragraph_articles(titled: bool) -> dict:
@@ -349,6 +409,9 @@ def one_paragraph_articles(titled: bool) -> dict:
          "--task.document article: nothing to rank: every article of {file} has one paragraph"),
         ([], one_paragraph_articles(False),
          "--task.document article: nothing to rank: every article of {file} has one paragraph"),
+        (["--task.document", "paragraph", "--task.reading", "windows"], None,
+         "task.reading windows reads each of a row's paragraphs on its own: it needs "
+         "--task.document article"),
     ],
 )  # fmt: skip
 def test_bad_article_options_exit_2_writing_nothing(

@@ -17,6 +17,10 @@ A question and a context go through, bottom to top (``docs/reading.md`` §3):
 5. :class:`SpanHead`: two more GRUs and a linear score per token for the start and the end, and,
    for data with unanswerable questions, a no-answer score.
 
+With ``windows`` (``--task.reading windows``), steps 2-5 read each run of context tokens
+between padding steps (a row's paragraphs, one padding step apart) as a context of its own:
+document-qa's independent paragraphs, their scores side by side in one row under one softmax.
+
 :class:`Reader` takes the packed rows of :mod:`relmem.tasks.reading.data` (question block,
 then context) and returns ``logits [B, 1 + T, 2]``: position 0 is "no answer", position
 ``1 + t`` is context token ``t``; padded tokens get ``-inf`` and change nothing else.
@@ -45,6 +49,7 @@ __all__ = [
     "ReaderOptions",
     "SpanHead",
     "TokenEmbedding",
+    "padding_windows",
     "windowed_self_attention",
 ]
 
@@ -75,6 +80,12 @@ class ReaderOptions:
         max_answer_tokens: the longest span the reader predicts.
         no_answer: score "no answer" (data with unanswerable questions).
         freeze_words: keep the word vectors fixed (pretrained ones, as the paper).
+        windows: read each run of context tokens between padding steps as a context of its
+            own (a row's paragraphs one padding step apart: ``--task.reading windows``), with
+            its own recurrent states, attention and memory, the scores of all of a row's
+            windows side by side in its logits (one softmax over them: shared
+            normalisation); its "no answer" score is the best of its windows'. False: the
+            whole context in one pass.
         word_vectors: returns ``[vocab_size, word_size]`` initial word vectors (None: learned
             from a random start); called once, when the model is built.
         eval_rows: rows per forward pass when not training (held-out sets are large).
@@ -96,6 +107,7 @@ class ReaderOptions:
     max_answer_tokens: int = 17
     no_answer: bool = False
     freeze_words: bool = False
+    windows: bool = False
     word_vectors: Callable[[], Tensor] | None = field(default=None, compare=False, repr=False)
     eval_rows: int = 64
 
@@ -396,13 +408,58 @@ class Reader(nn.Module):
         question = inputs[:, : int(question_lengths.max())].long()
         context = inputs[:, q : q + steps].long()
         q_enc = self.encode(self.embed(question), question_lengths)
-        c_enc = self.encode(self.embed(context), context_lengths)
         q_mask = _lengths_mask(question_lengths, question.shape[1])
-        c_mask = _lengths_mask(context_lengths, steps)
+        if self.options.windows:
+            return self._read_windows(context, context_lengths, q_enc, q_mask)
+        return self._read_context(context, context_lengths, q_enc, q_mask)
+
+    def _read_context(
+        self, context: Tensor, context_lengths: Tensor, q_enc: Tensor, q_mask: Tensor
+    ) -> Tensor:
+        """``logits [B, 1 + T, 2]`` of the contexts ``context [B, T, 3 + C]`` (``[B]``
+        lengths), each read in one pass beside its encoded question ``q_enc [B, Q', D]``."""
+        c_enc = self.encode(self.embed(context), context_lengths)
+        c_mask = _lengths_mask(context_lengths, context.shape[1])
         d = self.attend(c_enc, c_mask, q_enc, q_mask)
         for layer in self.memory:
             d, _ = layer(d, context_lengths)
         return self.head(d, context_lengths)
+
+    def _read_windows(
+        self, context: Tensor, context_lengths: Tensor, q_enc: Tensor, q_mask: Tensor
+    ) -> Tensor:
+        """:meth:`_read_context`'s logits with each window of a row (a run of tokens between
+        padding steps, :func:`padding_windows`) read as a context of its own, beside its row's
+        question; a row's "no answer" score is the best of its windows'."""
+        rows, steps = context.shape[:2]
+        row, first, length = padding_windows(context[..., 0], context_lengths)
+        offsets = torch.arange(int(length.max()), device=context.device)
+        inside = offsets < length.unsqueeze(1)  # [N, P]
+        where = (first.unsqueeze(1) + offsets).clamp(max=steps - 1)  # [N, P] in the row
+        windows = context[row.unsqueeze(1), where] * inside.unsqueeze(-1)  # padding 0
+        logits = self._read_context(windows, length, q_enc[row], q_mask[row])  # [N, 1 + P, 2]
+        scores = logits.new_full((rows, steps, 2), float("-inf"))
+        at_row = row.unsqueeze(1).expand_as(where)
+        scores = scores.index_put((at_row[inside], where[inside]), logits[:, 1:][inside])
+        null = logits.new_full((rows, 2), float("-inf"))
+        null = null.scatter_reduce(0, row.unsqueeze(1).expand(-1, 2), logits[:, 0], "amax")
+        return torch.cat([null.unsqueeze(1), scores], dim=1)
+
+
+def padding_windows(words: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The windows of each row of ``words [B, T]`` (0: padding) within its ``lengths [B]``:
+    its runs of tokens between padding steps, row by row, left to right.
+
+    Returns:
+        ``(row [N], first [N], length [N])`` int64: each window's row, first step and tokens.
+    """
+    present = (words != 0) & _lengths_mask(lengths, words.shape[1])
+    edge = present.new_zeros(present.shape[0], 1)
+    begins = present & ~torch.cat([edge, present[:, :-1]], dim=1)
+    ends = present & ~torch.cat([present[:, 1:], edge], dim=1)
+    row, first = begins.nonzero(as_tuple=True)
+    last = ends.nonzero(as_tuple=True)[1]  # row-major, as the begins: one end per begin
+    return row, first, last - first + 1
 
 
 @register_architecture(

@@ -62,22 +62,28 @@ def rank_in_articles(squad: SquadFile, questions: Iterable[int]) -> dict[int, li
 
 
 def training_paragraphs(
-    ranked: Sequence[int], own: int, top_k: int, sizes: Sequence[int], max_tokens: int | None
+    ranked: Sequence[int],
+    own: int,
+    top_k: int,
+    sizes: Sequence[int],
+    max_tokens: int | None,
+    gap: int = 0,
 ) -> list[int]:
     """A training row's paragraphs, in article order: the question's own paragraph ``own``
     and the best ranked others of ``ranked`` as distractors, up to ``top_k`` paragraphs in all
     (0: every one), passing over a distractor that would take the row past ``max_tokens``
-    tokens (``sizes``: each paragraph's; None: no bound). Whole distractors are left out
-    rather than the row cut, so that the gold span stays in every row that a paragraph-level
-    row keeps it in, and no row ends mid-paragraph."""
+    steps (``sizes``: each paragraph's tokens, ``gap`` steps between two paragraphs; None: no
+    bound). Whole distractors are left out rather than the row cut, so that the gold span
+    stays in every row that a paragraph-level row keeps it in, and no row ends
+    mid-paragraph."""
     room = float("inf") if max_tokens is None else max_tokens - sizes[own]
     picked = [own]
     for p in ranked:
         if top_k and len(picked) == top_k:
             break
-        if p != own and sizes[p] <= room:
+        if p != own and sizes[p] + gap <= room:
             picked.append(p)
-            room -= sizes[p]
+            room -= sizes[p] + gap
     return sorted(picked)
 
 

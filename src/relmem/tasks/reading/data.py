@@ -326,16 +326,19 @@ class EncodedSplit:
         question_block: int,
         max_context: int | None,
         contexts: Sequence[Sequence[int]] | None = None,
+        gap: int = 0,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Questions ``index [B]`` packed in the reader's layout (module docstring).
 
         Args:
             question_block: Q, question tokens kept (longer questions are cut).
-            max_context: context tokens kept (None: all); a gold span beyond is dropped.
+            max_context: context steps kept (None: all); a gold span beyond is dropped.
             contexts: each row's paragraphs (indices into ``squad.contexts``), read joined in
                 this order as one context (None: each question's own paragraph). The gold
-                span is offset by the tokens of the paragraphs before the question's own, and
-                is -1 -1 where its own paragraph is not among them.
+                span is offset by the steps before the question's own paragraph, and is -1 -1
+                where its own paragraph is not among them.
+            gap: padding steps between two paragraphs of a row (0: joined end to end; 1: the
+                windows a reader with ``ReaderOptions.windows`` reads each on its own).
 
         Returns:
             ``(inputs [B, Q + T, 3 + C] int32, lengths [B] int64, gold [B, 2] int64)``, T the
@@ -344,7 +347,7 @@ class EncodedSplit:
         questions = self.squad.questions
         picked = index.tolist()
         read = [[questions[i].paragraph] for i in picked] if contexts is None else contexts
-        lengths = self.joined_tokens(read)
+        lengths = self.joined_tokens(read, gap)
         if max_context is not None:
             lengths = lengths.clamp(max=max_context)
         steps = question_block + int(lengths.max())
@@ -352,7 +355,9 @@ class EncodedSplit:
         for row, (i, paragraphs) in enumerate(zip(picked, read, strict=True)):
             q0, q1 = int(self.q_starts[i]), int(self.q_starts[i + 1])
             q1 = min(q1, q0 + question_block)
-            tokens = self._tokens(paragraphs)[: int(lengths[row])]  # [T_row] into the flat arrays
+            columns = self._columns(paragraphs, gap)
+            kept = columns < lengths[row]
+            tokens = self._tokens(paragraphs)[kept]  # [T_row] into the flat arrays
             q_cased, c_cased = self.q_cased[q0:q1], self.cased[tokens]
             q_lowered, c_lowered = self.q_lowered[q0:q1], self.lowered[tokens]
             question = inputs[row, : q1 - q0]
@@ -360,69 +365,96 @@ class EncodedSplit:
             question[:, 1] = torch.isin(q_cased, c_cased)
             question[:, 2] = torch.isin(q_lowered, c_lowered)
             question[:, 3:] = self.q_chars[q0:q1]
-            context = inputs[row, question_block : question_block + len(tokens)]
-            context[:, 0] = self.words[tokens]
-            context[:, 1] = torch.isin(c_cased, q_cased)
-            context[:, 2] = torch.isin(c_lowered, q_lowered)
-            context[:, 3:] = self.chars[tokens]
-        return inputs, lengths + question_block, self.row_gold(index, read, lengths)
+            where = question_block + columns[kept]  # gaps stay padding
+            inputs[row, where, 0] = self.words[tokens]
+            inputs[row, where, 1] = torch.isin(c_cased, q_cased).int()
+            inputs[row, where, 2] = torch.isin(c_lowered, q_lowered).int()
+            inputs[row, where, 3:] = self.chars[tokens]
+        return inputs, lengths + question_block, self.row_gold(index, read, lengths, gap)
 
     def row_gold(
-        self, index: Tensor, contexts: Sequence[Sequence[int]], kept: Tensor | None = None
+        self,
+        index: Tensor,
+        contexts: Sequence[Sequence[int]],
+        kept: Tensor | None = None,
+        gap: int = 0,
     ) -> Tensor:
         """``[B, 2]`` int64: the gold span of each question ``index [B]`` in its row, whose
-        context is ``contexts``' paragraphs joined (:meth:`rows`): offset by the tokens of the
-        paragraphs before its own; -1 -1 where it has none, its own paragraph is not read, or
-        the span ends past the row's ``kept [B]`` tokens (None: all kept)."""
+        context is ``contexts``' paragraphs joined ``gap`` steps apart (:meth:`rows`): offset
+        by the steps before its own paragraph; -1 -1 where it has none, its own paragraph is
+        not read, or the span ends past the row's ``kept [B]`` steps (None: all kept)."""
         gold = torch.full((len(index), 2), -1, dtype=torch.int64)
         for row, (i, paragraphs) in enumerate(zip(index.tolist(), contexts, strict=True)):
             own = self.squad.questions[i].paragraph
             if own not in paragraphs or self.gold[i, 0] < 0:
                 continue
             before = paragraphs[: list(paragraphs).index(own)]
-            span = self.gold[i] + sum(self.sizes[p] for p in before)
+            span = self.gold[i] + sum(self.sizes[p] + gap for p in before)
             if kept is None or span[1] < kept[row]:
                 gold[row] = span
         return gold
 
-    def joined_tokens(self, contexts: Sequence[Sequence[int]]) -> Tensor:
-        """``[len(contexts)]`` int64: the tokens of each list of paragraphs read joined."""
+    def joined_tokens(self, contexts: Sequence[Sequence[int]], gap: int = 0) -> Tensor:
+        """``[len(contexts)]`` int64: the steps of each list of paragraphs read joined, ``gap``
+        padding steps between two paragraphs."""
         sizes = self.sizes
-        return torch.tensor([sum(sizes[p] for p in c) for c in contexts], dtype=torch.int64)
+        return torch.tensor(
+            [sum(sizes[p] for p in c) + gap * max(len(c) - 1, 0) for c in contexts],
+            dtype=torch.int64,
+        )
 
-    def segments(self, paragraphs: Sequence[int]) -> Tensor:
-        """``[T]`` int64: for each token of ``paragraphs`` joined, the position in
-        ``paragraphs`` of the paragraph it belongs to."""
+    def segments(self, paragraphs: Sequence[int], gap: int = 0) -> Tensor:
+        """``[T]`` int64: for each step of ``paragraphs`` joined ``gap`` steps apart, the
+        position in ``paragraphs`` of the paragraph it belongs to (-1 on a gap)."""
+        segments = torch.full((int(self.joined_tokens([paragraphs], gap)),), -1)
         sizes = torch.tensor([self.sizes[p] for p in paragraphs], dtype=torch.int64)
-        return torch.repeat_interleave(torch.arange(len(paragraphs)), sizes)
+        segments[self._columns(paragraphs, gap)] = torch.repeat_interleave(
+            torch.arange(len(paragraphs)), sizes
+        )
+        return segments
 
     def _tokens(self, paragraphs: Sequence[int]) -> Tensor:
         """``[T]`` int64: the flat token indices of ``paragraphs`` joined in order."""
         starts = self.starts
         return torch.cat([torch.arange(int(starts[p]), int(starts[p + 1])) for p in paragraphs])
 
+    def _columns(self, paragraphs: Sequence[int], gap: int) -> Tensor:
+        """``[T]`` int64: where each token of :meth:`_tokens` stands in the row's context,
+        ``gap`` steps left between two paragraphs."""
+        sizes = torch.tensor([self.sizes[p] for p in paragraphs], dtype=torch.int64)
+        before = torch.repeat_interleave(torch.arange(len(paragraphs)), sizes)
+        return torch.arange(int(sizes.sum())) + gap * before
+
     def answer_text(
-        self, question: int, first: int, last: int, paragraphs: Sequence[int] | None = None
+        self,
+        question: int,
+        first: int,
+        last: int,
+        paragraphs: Sequence[int] | None = None,
+        gap: int = 0,
     ) -> tuple[str, int, int]:
-        """The text of context tokens ``first..last`` of ``question``'s row, with its
+        """The text of context steps ``first..last`` of ``question``'s row, with its
         character offsets ``(text, start, end)`` in the paragraph that holds it: the row's
-        context is its own paragraph, or ``paragraphs`` joined in order
+        context is its own paragraph, or ``paragraphs`` joined in order ``gap`` steps apart
         (:meth:`rows`' ``contexts``).
 
         Raises:
-            ValueError: the span runs past the end of the paragraph it starts in, or beyond the
-                context (the span search, :func:`~relmem.tasks.reading.task.best_spans` with
-                the rows' segments, proposes neither).
+            ValueError: the span starts on a gap, runs past the end of the paragraph it starts
+                in, or lies beyond the context (the span search,
+                :func:`~relmem.tasks.reading.task.best_spans` with the rows' segments, proposes
+                none of these).
         """
         read = [self.squad.questions[question].paragraph] if paragraphs is None else paragraphs
         offset = 0
         for p in read:
             size = self.sizes[p]
+            if first < offset:
+                raise ValueError(f"step {first} lies on the gap before paragraph {p}")
             if first < offset + size:
                 break
-            offset += size
+            offset += size + gap
         else:
-            raise ValueError(f"token {first} lies beyond the context's {offset} tokens")
+            raise ValueError(f"token {first} lies beyond the context's {offset - gap} steps")
         if last >= offset + size:
             raise ValueError(
                 f"tokens {first}..{last} run past the end of paragraph {p} (token {offset + size})"

@@ -14,7 +14,10 @@ A row's context is the question's own paragraph, or with ``--task.document artic
 (:mod:`relmem.tasks.reading.articles`): a training row holds its own paragraph and the best
 ranked others as distractors, a held-out row the best ranked whether or not its own is among
 them. The softmax over the joined context is then the shared normalisation across the
-paragraphs read.
+paragraphs read. With ``--task.reading windows`` the row's paragraphs stand one padding step
+apart and the reader reads each as its own window (``ReaderOptions.windows``: nothing it
+computes crosses from one paragraph to the next), still under that one softmax: document-qa's
+independent paragraphs with shared normalisation, beside MemoReader's single pass.
 
 Data (``docs/reading.md`` §2): ``--data-dir DIR`` with ``train-v1.1.json`` and
 ``dev-v1.1.json`` (or the v2.0 names), or ``--task.train-file`` / ``--task.dev-file``, or
@@ -92,6 +95,10 @@ class ReadingConfig:
         top_k: with ``document`` article, the paragraphs a row reads (0: all of its
             article's); a training row leaves out the distractors that would take it past
             ``max_context_tokens``.
+        reading: with ``document`` article, how the reader reads a row's paragraphs:
+            ``joined``, in one pass, what it computed (the memory it wrote) carried from each
+            paragraph into the next; ``windows``, each on its own, one padding step apart
+            (``docs/reading.md`` §7). Either way one softmax spans every paragraph read.
         embeddings: a GloVe-format text file (``word v1 .. vD`` per line, D = ``word_size``):
             the word vectors start there, and stay fixed (None: learned from scratch).
         min_word_count: training-file occurrences a word needs to get its own id.
@@ -125,6 +132,7 @@ class ReadingConfig:
     test_size: int | None = None
     document: Literal["paragraph", "article"] = "paragraph"
     top_k: int = 4
+    reading: Literal["joined", "windows"] = "joined"
     embeddings: Path | None = None
     min_word_count: int = 1
     min_char_count: int = 5
@@ -172,6 +180,11 @@ class ReadingConfig:
             raise ValueError(
                 f"task.held_out_articles must lie in (0, 1), got {self.held_out_articles}"
             )
+        if self.reading == "windows" and self.document != "article":
+            raise ValueError(
+                "task.reading windows reads each of a row's paragraphs on its own: it needs "
+                "--task.document article (a paragraph row has one paragraph)"
+            )
         if not 0 <= self.dropout < 1:
             raise ValueError(f"task.dropout must lie in [0, 1), got {self.dropout}")
         self.length_buckets = tuple(self.length_buckets)
@@ -206,6 +219,7 @@ class ReadingConfig:
             dropout=self.dropout,
             max_answer_tokens=self.max_answer_tokens,
             no_answer=no_answer,
+            windows=self.reading == "windows",
             freeze_words=self.embeddings is not None,
             word_vectors=vectors,
         )
@@ -236,6 +250,8 @@ class Reading(Task):
 
     def __init__(self, config: ReadingConfig) -> None:
         self.config = config
+        # padding steps between a row's paragraphs: a window reader's boundaries
+        self.gap = 1 if config.reading == "windows" else 0
         train_path, dev_path = sources.resolve(config)
         train_text = read_tokenized(train_path)
         if config.document == "article":
@@ -276,7 +292,7 @@ class Reading(Task):
         if config.document == "article":
             self.contexts[OWN_PARAGRAPH] = [[q.paragraph] for q in self.held.squad.questions]
         self.context_tokens = {
-            split: self._encoded(split).joined_tokens(contexts)
+            split: self._encoded(split).joined_tokens(contexts, self.gap)
             for split, contexts in self.contexts.items()
         }
         lengths = self.context_tokens[TRAIN][self.train_index]
@@ -325,7 +341,7 @@ class Reading(Task):
         for i, ranked in rank_in_articles(encoded.squad, index.tolist()).items():
             own = questions[i].paragraph
             contexts[i] = (
-                training_paragraphs(ranked, own, top_k, encoded.sizes, most)
+                training_paragraphs(ranked, own, top_k, encoded.sizes, most, self.gap)
                 if training
                 else held_out_paragraphs(ranked, top_k)
             )
@@ -363,8 +379,9 @@ class Reading(Task):
         recall = f"{found / len(answerable):.1%}" if answerable else "n/a"
         read = "all" if self.config.top_k == 0 else f"the {self.config.top_k} best"
         return (
-            f"articles: {read} BM25+ ranked paragraphs a row, {sum(train) / len(train):.2f} a "
-            f"training row (own + distractors within max_context_tokens), "
+            f"articles ({self.config.reading}): {read} BM25+ ranked paragraphs a row, "
+            f"{sum(train) / len(train):.2f} a training row (own + distractors within "
+            "max_context_tokens), "
             f"{sum(held) / max(len(held), 1):.2f} a held-out row, holding the question's own "
             f"for {recall} of the answerable"
         )
@@ -375,7 +392,7 @@ class Reading(Task):
         encoded, read = self._encoded(split), self.contexts[split]
         contexts = [read[i] for i in index.tolist()]
         inputs, lengths, gold = encoded.rows(
-            index, self.config.question_tokens, max_context, contexts
+            index, self.config.question_tokens, max_context, contexts, self.gap
         )
         targets, groups = self._targets_and_groups(split, index, gold)
         return Batch(inputs, targets, groups, None, lengths)
@@ -427,7 +444,7 @@ class Reading(Task):
         tokens = self.context_tokens[split]
         index = index[torch.argsort(tokens[index], stable=True)]
         contexts = [self.contexts[split][i] for i in index.tolist()]
-        gold = self.held.row_gold(index, contexts)
+        gold = self.held.row_gold(index, contexts, gap=self.gap)
         targets, groups = self._targets_and_groups(split, index, gold)
         lengths = tokens[index] + self.config.question_tokens
 
@@ -489,7 +506,7 @@ class Reading(Task):
             split, index = int(batch.targets[row, 3]), int(batch.targets[row, 2])
             paragraphs = self.contexts[split][index]
             found = self._encoded(split).answer_text(
-                index, int(first[row]), int(last[row]), paragraphs
+                index, int(first[row]), int(last[row]), paragraphs, self.gap
             )
             texts.append(found[0])
         return texts
@@ -500,7 +517,7 @@ class Reading(Task):
         segments = torch.full((batch.size, steps), -1, dtype=torch.int64)
         for row in range(batch.size):
             split, index = int(batch.targets[row, 3]), int(batch.targets[row, 2])
-            mine = self._encoded(split).segments(self.contexts[split][index])[:steps]
+            mine = self._encoded(split).segments(self.contexts[split][index], self.gap)[:steps]
             segments[row, : len(mine)] = mine
         return segments
 
@@ -534,11 +551,14 @@ class Reading(Task):
 
     def data_identity(self) -> dict[str, Any]:
         """The vocabulary (tokenizer, sizes, SHA-1 of its entries): what the ids mean; and,
-        reading articles, ``document`` and ``top_k``: what the rows held (a paragraph-level
-        run's identity stays what runs recorded before articles were read)."""
+        reading articles, ``document`` and ``top_k`` (and ``reading``, read as windows): what
+        the rows held (a paragraph-level run's identity stays what runs recorded before articles
+        were read)."""
         identity: dict[str, Any] = {"vocabulary": self.vocabulary.identity()}
         if self.config.document == "article":
             identity |= {"document": self.config.document, "top_k": self.config.top_k}
+        if self.config.reading == "windows":
+            identity["reading"] = self.config.reading
         return identity
 
     def export_vocabulary(self) -> dict[str, list[str]]:
