@@ -92,6 +92,7 @@ def test_windows_read_each_paragraph_as_a_row_of_its_own_forward_and_backward(
         at[b] += len(p) + 1
     torch.testing.assert_close(logits, expected)
     assert torch.isinf(logits[0, 1 + 5]).all()  # the gap is padding
+    torch.testing.assert_close(windows(inputs)[0], logits)  # lengths found past the gaps
     # backward: the gradients of any loss over the finite scores are the reference's
     weights = torch.randn(logits.shape, dtype=torch.float64, generator=generator)
     finite = torch.isfinite(logits)

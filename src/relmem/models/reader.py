@@ -367,7 +367,8 @@ class Reader(nn.Module):
     Shapes:
         - inputs: ``[B, Q + T, 3 + C]`` int (question block, then context; column 0 the word
           id, 0 for padding).
-        - lengths: ``[B]`` int64, ``Q`` plus each context's tokens.
+        - lengths: ``[B]`` int64, ``Q`` plus each context's steps (its tokens, and a windows
+          row's gaps); None: through each row's last token.
         - returns ``(logits [B, 1 + T, 2], None)``; logits over every row's padded tokens are
           ``-inf``.
     """
@@ -386,8 +387,9 @@ class Reader(nn.Module):
         self, inputs: Tensor, state: Any = None, lengths: Tensor | None = None
     ) -> tuple[Tensor, None]:
         q = self.options.question_block
-        if lengths is None:
-            lengths = q + (inputs[:, q:, 0] != 0).sum(dim=1)
+        if lengths is None:  # through each row's last token (a windows row has gaps)
+            steps = torch.arange(1, inputs.shape[1] - q + 1, device=inputs.device)
+            lengths = q + ((inputs[:, q:, 0] != 0) * steps).amax(dim=1)
         lengths = lengths.to(inputs.device)
         rows = self.options.eval_rows
         if self.training or inputs.shape[0] <= rows:
