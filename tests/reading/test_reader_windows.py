@@ -58,6 +58,13 @@ def packed(question: torch.Tensor, paragraphs: list[torch.Tensor], gap: int) -> 
     return torch.cat(row)
 
 
+def batch(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` right-padded to the longest, and their lengths."""
+    steps = max(len(r) for r in rows)
+    inputs = torch.stack([torch.cat([r, r.new_zeros(steps - len(r), r.shape[1])]) for r in rows])
+    return inputs, torch.tensor([len(r) for r in rows])
+
+
 @pytest.mark.parametrize("memory", ["none", "dnc"])
 @pytest.mark.parametrize("no_answer", [False, True])
 def test_windows_read_each_paragraph_as_a_row_of_its_own_forward_and_backward(
@@ -68,28 +75,28 @@ def test_windows_read_each_paragraph_as_a_row_of_its_own_forward_and_backward(
     paragraphs = [[token(generator, 5), token(generator, 3), token(generator, 6)],
                   [token(generator, 4)]]  # fmt: skip
     # the windows reader: one row per question, its paragraphs one padding step apart
-    rows = [packed(q, ps, gap=1) for q, ps in zip(questions, paragraphs, strict=True)]
-    steps = max(len(r) for r in rows)
-    inputs = torch.stack([torch.cat([r, r.new_zeros(steps - len(r), r.shape[1])]) for r in rows])
-    lengths = torch.tensor([len(r) for r in rows])
+    inputs, lengths = batch(
+        [packed(q, ps, gap=1) for q, ps in zip(questions, paragraphs, strict=True)]
+    )
     windows = reader(memory, windows=True, no_answer=no_answer)
     logits, _ = windows(inputs, lengths=lengths)
     # the reference: the same weights, each paragraph a row of its own read in one pass
     alone = reader(memory, windows=False, no_answer=no_answer)
     alone.load_state_dict(windows.state_dict())
     singles = [(b, p) for b, ps in enumerate(paragraphs) for p in ps]
-    single_rows = [packed(questions[b], [p], gap=0) for b, p in singles]
-    longest = max(len(r) for r in single_rows)
-    single_inputs = torch.stack(
-        [torch.cat([r, r.new_zeros(longest - len(r), r.shape[1])]) for r in single_rows]
-    )
-    reference, _ = alone(single_inputs, lengths=torch.tensor([len(r) for r in single_rows]))
+    single_inputs, single_lengths = batch([packed(questions[b], [p], gap=0) for b, p in singles])
+    reference, _ = alone(single_inputs, lengths=single_lengths)
+    # the reference's scores placed as the windows reader's: each paragraph's after the one
+    # before it and a gap, "no answer" the best of the row's paragraphs'
     expected = torch.full_like(logits, float("-inf"))
     at = [1, 1]  # each row's next paragraph's first position (position 0: "no answer")
+    nulls: dict[int, list[torch.Tensor]] = {0: [], 1: []}
     for k, (b, p) in enumerate(singles):
         expected[b, at[b] : at[b] + len(p)] = reference[k, 1 : 1 + len(p)]
-        expected[b, 0] = torch.maximum(expected[b, 0], reference[k, 0])
+        nulls[b].append(reference[k, 0])
         at[b] += len(p) + 1
+    for b, candidates in nulls.items():
+        expected[b, 0] = torch.stack(candidates).amax(dim=0)
     torch.testing.assert_close(logits, expected)
     assert torch.isinf(logits[0, 1 + 5]).all()  # the gap is padding
     torch.testing.assert_close(windows(inputs)[0], logits)  # lengths found past the gaps
@@ -101,17 +108,7 @@ def test_windows_read_each_paragraph_as_a_row_of_its_own_forward_and_backward(
         return (scores.masked_fill(~mask, 0) * weights.masked_fill(~mask, 0)).sum()
 
     loss(logits, finite).backward()
-    # the reference's scores placed as the windows reader's, through the same weights
-    placed = torch.full_like(logits, 0.0)
-    at = [1, 1]
-    nulls = {0: [], 1: []}
-    for k, (b, p) in enumerate(singles):
-        placed[b, at[b] : at[b] + len(p)] = reference[k, 1 : 1 + len(p)]
-        nulls[b].append(reference[k, 0])
-        at[b] += len(p) + 1
-    for b, candidates in nulls.items():
-        placed[b, 0] = torch.stack(candidates).amax(dim=0)
-    loss(placed, finite).backward()
+    loss(expected, finite).backward()  # through the reference's weights
     for (name, mine), theirs in zip(windows.named_parameters(), alone.parameters(), strict=True):
         if theirs.grad is None:
             assert mine.grad is None or not mine.grad.any(), name

@@ -355,7 +355,7 @@ class EncodedSplit:
         for row, (i, paragraphs) in enumerate(zip(picked, read, strict=True)):
             q0, q1 = int(self.q_starts[i]), int(self.q_starts[i + 1])
             q1 = min(q1, q0 + question_block)
-            columns = self._columns(paragraphs, gap)
+            columns = self._placement(paragraphs, gap)[1]
             kept = columns < lengths[row]
             tokens = self._tokens(paragraphs)[kept]  # [T_row] into the flat arrays
             q_cased, c_cased = self.q_cased[q0:q1], self.cased[tokens]
@@ -407,10 +407,8 @@ class EncodedSplit:
         """``[T]`` int64: for each step of ``paragraphs`` joined ``gap`` steps apart, the
         position in ``paragraphs`` of the paragraph it belongs to (-1 on a gap)."""
         segments = torch.full((int(self.joined_tokens([paragraphs], gap)),), -1)
-        sizes = torch.tensor([self.sizes[p] for p in paragraphs], dtype=torch.int64)
-        segments[self._columns(paragraphs, gap)] = torch.repeat_interleave(
-            torch.arange(len(paragraphs)), sizes
-        )
+        owners, columns = self._placement(paragraphs, gap)
+        segments[columns] = owners
         return segments
 
     def _tokens(self, paragraphs: Sequence[int]) -> Tensor:
@@ -418,12 +416,13 @@ class EncodedSplit:
         starts = self.starts
         return torch.cat([torch.arange(int(starts[p]), int(starts[p + 1])) for p in paragraphs])
 
-    def _columns(self, paragraphs: Sequence[int], gap: int) -> Tensor:
-        """``[T]`` int64: where each token of :meth:`_tokens` stands in the row's context,
-        ``gap`` steps left between two paragraphs."""
+    def _placement(self, paragraphs: Sequence[int], gap: int) -> tuple[Tensor, Tensor]:
+        """For each token of :meth:`_tokens`: its paragraph's position in ``paragraphs`` and
+        its step in the row's context, ``gap`` steps left between two paragraphs (``[T]``
+        int64 each)."""
         sizes = torch.tensor([self.sizes[p] for p in paragraphs], dtype=torch.int64)
-        before = torch.repeat_interleave(torch.arange(len(paragraphs)), sizes)
-        return torch.arange(int(sizes.sum())) + gap * before
+        owners = torch.repeat_interleave(torch.arange(len(paragraphs)), sizes)
+        return owners, torch.arange(int(sizes.sum())) + gap * owners
 
     def answer_text(
         self,
