@@ -12,8 +12,11 @@ import torch
 from reading_sample import train_args
 
 from relmem import cli
+from relmem.models.reader import Reader
 from relmem.tasks.base import Batch
+from relmem.tasks.reading.answer import AnswerReader
 from relmem.tasks.reading.articles import rank_in_articles
+from relmem.tasks.reading.ranking import ParagraphIndex
 from relmem.tasks.reading.task import HELD_OUT, TRAIN, Reading, ReadingConfig, best_spans
 
 # three articles of 4, 3 and 3 paragraphs; each question (paragraph, question, answer) is about
@@ -283,6 +286,61 @@ def test_windows_rows_stand_their_paragraphs_one_padding_step_apart(articles_fil
     )
 
 
+@pytest.mark.parametrize("reading", ["joined", "windows"])
+def test_rank_prior_rows_carry_each_paragraphs_rank_among_the_rows(
+    articles_file: Path, reading: str
+) -> None:
+    plain = build(articles_file, top_k=3, reading=reading)
+    task = build(articles_file, top_k=3, reading=reading, rank_prior=True)
+    assert task.spec.options["reader"].paragraph_ranks == 3
+    assert plain.spec.options["reader"].paragraph_ranks == 0
+    assert task.data_identity()["rank_prior"] and "rank_prior" not in plain.data_identity()
+    squad, q, gap = task.train.squad, task.config.question_tokens, task.gap
+    ranked = rank_in_articles(squad, range(len(squad.questions)))
+    for split in (TRAIN, HELD_OUT):
+        index = task.train_index if split == TRAIN else task.held_index
+        mine, theirs = task._batch(split, index, None), plain._batch(split, index, None)
+        width = 3 + task.config.chars
+        assert mine.inputs.shape[2] == width + 1 and theirs.inputs.shape[2] == width
+        assert torch.equal(mine.inputs[..., :width], theirs.inputs)  # the rest as before
+        assert not mine.inputs[:, :q, width].any()  # the question has no rank
+        for row, i in enumerate(index.tolist()):
+            read = task.contexts[split][i]
+            order = sorted(read, key=ranked[i].index)  # the row's paragraphs, best first
+            assert task.ranks[split][i] == [order.index(p) + 1 for p in read]
+            expected = []
+            for k, p in enumerate(read):
+                expected += [0] * (gap if k else 0) + [order.index(p) + 1] * task.train.sizes[p]
+            steps = int(mine.lengths[row]) - q
+            assert mine.inputs[row, q : q + steps, width].tolist() == expected
+            assert not mine.inputs[row, q + steps :, width].any()
+    # the smokehouse question's training row: paragraphs 0, 1 and its own 3, ranked 3, 0, 1
+    smoke = question_index(task, "h2")
+    assert task.contexts[TRAIN][smoke] == [0, 1, 3] and task.ranks[TRAIN][smoke] == [2, 3, 1]
+    # read from its own paragraph alone, a question's paragraph ranks first
+    own = task.more_held_out(torch.device("cpu"))["paragraph-level"]
+    batch = own.select(torch.arange(own.targets.shape[0]))
+    context = batch.inputs[:, q:, -1]
+    assert set(context[batch.inputs[:, q:, 0] != 0].tolist()) == {1}
+
+
+@pytest.mark.parametrize("favoured", [1, 2, 3])
+def test_a_rank_prior_reader_answers_with_each_paragraphs_rank(
+    articles_file: Path, favoured: int
+) -> None:
+    task = build(articles_file, top_k=3, rank_prior=True)
+    model = Reader(task.spec.options["reader"], [])
+    with torch.no_grad():  # the prior outweighs anything the untrained reader says
+        model.rank_prior.weight[favoured] = 1e3
+    reader = AnswerReader(task.vocabulary, task.config, model)
+    context = "\n\n".join(ARTICLES["Harbours"])
+    question = "Who designed the Bell Rock light?"
+    found = reader(context, question, paragraphs=3)
+    order = ParagraphIndex(ARTICLES["Harbours"]).top(question, 3)
+    assert found.paragraph == order[favoured - 1]
+    assert found.text in ARTICLES["Harbours"][found.paragraph]
+
+
 def test_a_training_row_leaves_out_distractors_past_max_context_tokens(
     articles_file: Path,
 ) -> None:
@@ -390,6 +448,14 @@ def test_train_and_eval_reading_articles(articles_file: Path, tmp_path: Path, ca
     argv = ["eval", str(run), "--checkpoint", str(best), "--json-out", str(other)]
     assert cli.main(argv) == 2
     assert "differ from the run's" in capsys.readouterr().err
+    # with a rank prior: trained, evaluated from the rows and the whole articles
+    assert cli.main(train_args(folder, tmp_path, "ranked", *article, "--task.rank-prior")) == 0
+    run = tmp_path / "ranked"
+    assert json.loads((run / "data.json").read_text())["rank_prior"] is True
+    assert cli.main(["eval", str(run), "--document", "article"]) == 0
+    record = json.loads((run / "eval.json").read_text())
+    assert record["official"]["all"]["total"] == 10
+    assert record["article"]["official"]["all"]["total"] == 10
 
 
 def one_paragraph_articles(titled: bool) -> dict:
@@ -411,6 +477,9 @@ def one_paragraph_articles(titled: bool) -> dict:
          "--task.document article: nothing to rank: every article of {file} has one paragraph"),
         (["--task.document", "paragraph", "--task.reading", "windows"], None,
          "task.reading windows reads each of a row's paragraphs on its own: it needs "
+         "--task.document article"),
+        (["--task.document", "paragraph", "--task.rank-prior"], None,
+         "task.rank_prior weighs the rank of each of a row's paragraphs: it needs "
          "--task.document article"),
     ],
 )  # fmt: skip

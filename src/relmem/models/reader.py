@@ -16,6 +16,9 @@ A question and a context go through, bottom to top (``docs/reading.md`` §3):
    and ``none`` leaves ``d_t`` as it is (the paper's ablation).
 5. :class:`SpanHead`: two more GRUs and a linear score per token for the start and the end, and,
    for data with unanswerable questions, a no-answer score.
+6. With ``paragraph_ranks`` (``--task.rank-prior``), a learned start and end score for each
+   rank of the paragraph a token stands in (the ranker's order among the row's paragraphs),
+   added to the token's scores: the ranker's word on where the answer is, beside the reader's.
 
 With ``windows`` (``--task.reading windows``), steps 2-5 read each run of context tokens
 between padding steps (a row's paragraphs, one padding step apart) as a context of its own:
@@ -80,6 +83,10 @@ class ReaderOptions:
         max_answer_tokens: the longest span the reader predicts.
         no_answer: score "no answer" (data with unanswerable questions).
         freeze_words: keep the word vectors fixed (pretrained ones, as the paper).
+        paragraph_ranks: R > 0: the rows carry each context token's paragraph's rank (column
+            ``3 + C``, from 1), and the reader learns a start and an end score for each of the
+            ranks 1..R (those past R share R's), added to the token's scores; 0: no rank
+            column, no such scores.
         windows: read each run of context tokens between padding steps as a context of its
             own (a row's paragraphs one padding step apart: ``--task.reading windows``), with
             its own recurrent states, attention and memory, the scores of all of a row's
@@ -107,6 +114,7 @@ class ReaderOptions:
     max_answer_tokens: int = 17
     no_answer: bool = False
     freeze_words: bool = False
+    paragraph_ranks: int = 0
     windows: bool = False
     word_vectors: Callable[[], Tensor] | None = field(default=None, compare=False, repr=False)
     eval_rows: int = 64
@@ -146,8 +154,9 @@ class _BiGRU(nn.Module):
 
 
 class TokenEmbedding(nn.Module):
-    """``tokens [B, T, 3 + C]`` int -> ``[B, T, word_size + char_channels + 2]``: the word
-    vector, the character CNN (max over the token's characters) and the exact-match flags."""
+    """``tokens [B, T, 3 + C (+ 1)]`` int -> ``[B, T, word_size + char_channels + 2]``: the
+    word vector, the character CNN (max over the token's ``C`` characters) and the exact-match
+    flags (a rank column after the characters is not read here)."""
 
     def __init__(self, o: ReaderOptions) -> None:
         super().__init__()
@@ -160,10 +169,11 @@ class TokenEmbedding(nn.Module):
         self.conv = nn.Conv1d(o.char_embedding, o.char_channels, o.char_kernel, padding="same")
         self.dropout = nn.Dropout(o.dropout)
         self.output_size = o.word_size + o.char_channels + 2
+        self.width = 3 + o.chars
 
     def forward(self, tokens: Tensor) -> Tensor:
         batch, steps = tokens.shape[:2]
-        chars = self.chars(tokens[..., 3:].reshape(batch * steps, -1))  # [BT, C, e]
+        chars = self.chars(tokens[..., 3 : self.width].reshape(batch * steps, -1))  # [BT, C, e]
         filters = F.relu(self.conv(chars.transpose(1, 2))).amax(dim=2)  # [BT, channels]
         flags = tokens[..., 1:3].to(filters.dtype)
         words = self.words(tokens[..., 0])
@@ -365,8 +375,8 @@ class Reader(nn.Module):
     """The reader: packed rows -> span logits (module docstring).
 
     Shapes:
-        - inputs: ``[B, Q + T, 3 + C]`` int (question block, then context; column 0 the word
-          id, 0 for padding).
+        - inputs: ``[B, Q + T, 3 + C]`` int, ``3 + C + 1`` with ``paragraph_ranks`` (question
+          block, then context; column 0 the word id, 0 for padding).
         - lengths: ``[B]`` int64, ``Q`` plus each context's steps (its tokens, and a windows
           row's gaps); None: through each row's last token.
         - returns ``(logits [B, 1 + T, 2], None)``; logits over every row's padded tokens are
@@ -382,11 +392,23 @@ class Reader(nn.Module):
         self.attend = CoAttention(self.encode.output_size, 2 * h)
         self.memory = nn.ModuleList(memory)
         self.head = SpanHead(2 * h, h, o.dropout, o.no_answer)
+        self.rank_prior: nn.Embedding | None = None
+        if o.paragraph_ranks:  # rank 0 (question, padding) scores 0; the others start at 0
+            self.rank_prior = nn.Embedding(o.paragraph_ranks + 1, 2, padding_idx=0)
+            nn.init.zeros_(self.rank_prior.weight)
 
     def forward(
         self, inputs: Tensor, state: Any = None, lengths: Tensor | None = None
     ) -> tuple[Tensor, None]:
-        q = self.options.question_block
+        q, width = self.options.question_block, 3 + self.options.chars
+        expected = width + (self.rank_prior is not None)
+        if inputs.dim() != 3 or inputs.shape[2] != expected:
+            columns = f"3 + {self.options.chars} characters"
+            columns += " + a paragraph rank" if self.rank_prior is not None else ""
+            raise ValueError(
+                f"the reader's inputs must be [B, steps, {expected}] ({columns}), got "
+                f"{list(inputs.shape)}"
+            )
         if lengths is None:  # through each row's last token (a windows row has gaps)
             steps = torch.arange(1, inputs.shape[1] - q + 1, device=inputs.device)
             lengths = q + ((inputs[:, q:, 0] != 0) * steps).amax(dim=1)
@@ -412,8 +434,14 @@ class Reader(nn.Module):
         q_enc = self.encode(self.embed(question), question_lengths)
         q_mask = _lengths_mask(question_lengths, question.shape[1])
         if self.options.windows:
-            return self._read_windows(context, context_lengths, q_enc, q_mask)
-        return self._read_context(context, context_lengths, q_enc, q_mask)
+            logits = self._read_windows(context, context_lengths, q_enc, q_mask)
+        else:
+            logits = self._read_context(context, context_lengths, q_enc, q_mask)
+        if self.rank_prior is None:
+            return logits
+        ranks = context[..., -1].clamp(max=self.options.paragraph_ranks)  # [B, T]
+        prior = self.rank_prior(ranks).to(logits.dtype)  # [B, T, 2]; padding 0
+        return torch.cat([logits[:, :1], logits[:, 1:] + prior], dim=1)
 
     def _read_context(
         self, context: Tensor, context_lengths: Tensor, q_enc: Tensor, q_mask: Tensor

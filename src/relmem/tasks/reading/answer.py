@@ -66,8 +66,8 @@ class AnswerReader:
 
     A context is cut into paragraphs (blank-line separated, long ones into windows of at most
     :data:`~relmem.tasks.reading.ranking.MAX_TOKENS` tokens), ranked against each question by
-    BM25, and the best few read, each as its own context, in one batch; the answer is the best
-    span over all of them.
+    BM25, and the best few read, each as its own context (with its rank, for a reader trained
+    with a rank prior), in one batch; the answer is the best span over all of them.
 
     Args:
         vocabulary: the words and characters it was trained with (what its ids mean).
@@ -144,9 +144,16 @@ class AnswerReader:
             disable=not progress,
             leave=False,
         )
+        # each row's paragraph's rank among the question's (read only by a rank prior)
+        ranks = [[k + 1] for picked in chosen for k in range(len(picked))]
         with bar, ticking(bar, PROGRESS_AFTER_S, PROGRESS_EVERY_S):
             for part in row_chunks(order, lengths, CHUNK_ROWS):
-                inputs, part_lengths, _ = encoded.rows(part, self.config.question_tokens, None)
+                inputs, part_lengths, _ = encoded.rows(
+                    part,
+                    self.config.question_tokens,
+                    None,
+                    ranks=[ranks[i] for i in part.tolist()] if self.config.rank_prior else None,
+                )
                 out, _ = self.model(inputs.to(device), None, lengths=part_lengths.to(device))
                 for row, i in enumerate(part.tolist()):
                     steps = 1 + int(encoded.context_tokens[i])

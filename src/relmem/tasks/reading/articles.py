@@ -18,7 +18,13 @@ from collections.abc import Iterable, Sequence
 from relmem.tasks.reading.ranking import ParagraphIndex
 from relmem.tasks.reading.squad import SquadFile
 
-__all__ = ["check_articles", "held_out_paragraphs", "rank_in_articles", "training_paragraphs"]
+__all__ = [
+    "check_articles",
+    "held_out_paragraphs",
+    "rank_in_articles",
+    "ranks_in_row",
+    "training_paragraphs",
+]
 
 
 def check_articles(squad: SquadFile, top_k: int) -> None:
@@ -92,3 +98,11 @@ def held_out_paragraphs(ranked: Sequence[int], top_k: int) -> list[int]:
     every one), the question's own paragraph among them only where the ranking put it
     there."""
     return sorted(ranked[:top_k] if top_k else ranked)
+
+
+def ranks_in_row(ranked: Sequence[int], paragraphs: Sequence[int]) -> list[int]:
+    """Each of a row's ``paragraphs``' rank among them (from 1, the best), in the order of
+    ``ranked`` (its article's paragraphs, best first, which holds every one of them)."""
+    place = {p: k for k, p in enumerate(ranked)}
+    order = sorted(paragraphs, key=place.__getitem__)
+    return [order.index(p) + 1 for p in paragraphs]

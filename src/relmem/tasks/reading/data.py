@@ -16,8 +16,10 @@ time), as safetensors (no pickle): ``DIR/.relmem-cache/NAME.SHA1.tokens.safetens
 Input layout of one row, ``inputs [B, Q + T, 3 + C]`` int32 (``docs/reading.md`` §3): steps
 ``0..Q-1`` are the question (right-padded), steps ``Q..`` the context; column 0 the word id,
 columns 1-2 the exact-match features (the token occurs in the other text, as written and
-lower-cased), columns 3.. the first ``C`` characters' ids. ``lengths [B]`` is ``Q`` plus the
-context's tokens, so trimming a batch to its longest row keeps every question.
+lower-cased), columns ``3..3 + C - 1`` the first ``C`` characters' ids, and, for a reader that
+weighs the ranker's order (``--task.rank-prior``), column ``3 + C`` the rank of the paragraph
+each context token stands in. ``lengths [B]`` is ``Q`` plus the context's tokens, so trimming a
+batch to its longest row keeps every question.
 """
 
 from __future__ import annotations
@@ -327,6 +329,7 @@ class EncodedSplit:
         max_context: int | None,
         contexts: Sequence[Sequence[int]] | None = None,
         gap: int = 0,
+        ranks: Sequence[Sequence[int]] | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Questions ``index [B]`` packed in the reader's layout (module docstring).
 
@@ -339,10 +342,14 @@ class EncodedSplit:
                 where its own paragraph is not among them.
             gap: padding steps between two paragraphs of a row (0: joined end to end; 1: the
                 windows a reader with ``ReaderOptions.windows`` reads each on its own).
+            ranks: each row's paragraphs' ranks (from 1, the best ranked), as ``contexts``
+                (None: no rank column). Given, every row gets one more column, ``3 + C``, that
+                holds each context token's paragraph's rank (0 on the question and padding):
+                what a reader with ``ReaderOptions.paragraph_ranks`` reads.
 
         Returns:
-            ``(inputs [B, Q + T, 3 + C] int32, lengths [B] int64, gold [B, 2] int64)``, T the
-            longest kept context.
+            ``(inputs [B, Q + T, 3 + C (+ 1)] int32, lengths [B] int64, gold [B, 2] int64)``,
+            T the longest kept context.
         """
         questions = self.squad.questions
         picked = index.tolist()
@@ -351,11 +358,13 @@ class EncodedSplit:
         if max_context is not None:
             lengths = lengths.clamp(max=max_context)
         steps = question_block + int(lengths.max())
-        inputs = torch.zeros(len(picked), steps, 3 + self.chars.shape[1], dtype=torch.int32)
+        width = 3 + self.chars.shape[1]
+        columns_out = width + (ranks is not None)
+        inputs = torch.zeros(len(picked), steps, columns_out, dtype=torch.int32)
         for row, (i, paragraphs) in enumerate(zip(picked, read, strict=True)):
             q0, q1 = int(self.q_starts[i]), int(self.q_starts[i + 1])
             q1 = min(q1, q0 + question_block)
-            columns = self._placement(paragraphs, gap)[1]
+            owners, columns = self._placement(paragraphs, gap)
             kept = columns < lengths[row]
             tokens = self._tokens(paragraphs)[kept]  # [T_row] into the flat arrays
             q_cased, c_cased = self.q_cased[q0:q1], self.cased[tokens]
@@ -364,12 +373,19 @@ class EncodedSplit:
             question[:, 0] = self.q_words[q0:q1]
             question[:, 1] = torch.isin(q_cased, c_cased)
             question[:, 2] = torch.isin(q_lowered, c_lowered)
-            question[:, 3:] = self.q_chars[q0:q1]
+            question[:, 3:width] = self.q_chars[q0:q1]
             where = question_block + columns[kept]  # gaps stay padding
             inputs[row, where, 0] = self.words[tokens]
             inputs[row, where, 1] = torch.isin(c_cased, q_cased).int()
             inputs[row, where, 2] = torch.isin(c_lowered, q_lowered).int()
-            inputs[row, where, 3:] = self.chars[tokens]
+            inputs[row, where, 3:width] = self.chars[tokens]
+            if ranks is not None:
+                if len(ranks[row]) != len(paragraphs):
+                    raise ValueError(
+                        f"row {row}: {len(ranks[row])} ranks for {len(paragraphs)} paragraphs"
+                    )
+                paragraph_ranks = torch.tensor(ranks[row], dtype=torch.int32)
+                inputs[row, where, width] = paragraph_ranks[owners[kept]]
         return inputs, lengths + question_block, self.row_gold(index, read, lengths, gap)
 
     def row_gold(

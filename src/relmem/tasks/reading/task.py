@@ -46,6 +46,7 @@ from relmem.tasks.reading.articles import (
     check_articles,
     held_out_paragraphs,
     rank_in_articles,
+    ranks_in_row,
     training_paragraphs,
 )
 from relmem.tasks.reading.data import (
@@ -70,6 +71,8 @@ NO_ANSWER_F1 = MetricSpec("no_answer_f1", True, "F1 on unanswerable questions", 
 # as the run reads it; a held-out one read from its own paragraph alone (an article run's
 # paragraph-level figure, ``more_held_out``)
 TRAIN, HELD_OUT, OWN_PARAGRAPH = 0, 1, 2
+# the paragraph ranks a rank prior tells apart when a row reads every paragraph (--task.top-k 0)
+RANKS_OF_ALL = 8
 
 
 @dataclass
@@ -99,6 +102,11 @@ class ReadingConfig:
             ``joined``, in one pass, what it computed (the memory it wrote) carried from each
             paragraph into the next; ``windows``, each on its own, one padding step apart
             (``docs/reading.md`` §7). Either way one softmax spans every paragraph read.
+        rank_prior: with ``document`` article, the reader also learns a start and an end
+            score for each rank of a paragraph among its row's (BM25+ order; ranks past
+            ``top_k`` share the last, 8 when ``top_k`` is 0), added to its tokens' scores: the
+            ranker's word on which paragraph holds the answer, weighed beside the reader's own
+            under the one softmax.
         embeddings: a GloVe-format text file (``word v1 .. vD`` per line, D = ``word_size``):
             the word vectors start there, and stay fixed (None: learned from scratch).
         min_word_count: training-file occurrences a word needs to get its own id.
@@ -133,6 +141,7 @@ class ReadingConfig:
     document: Literal["paragraph", "article"] = "paragraph"
     top_k: int = 4
     reading: Literal["joined", "windows"] = "joined"
+    rank_prior: bool = False
     embeddings: Path | None = None
     min_word_count: int = 1
     min_char_count: int = 5
@@ -185,6 +194,11 @@ class ReadingConfig:
                 "task.reading windows reads each of a row's paragraphs on its own: it needs "
                 "--task.document article (a paragraph row has one paragraph)"
             )
+        if self.rank_prior and self.document != "article":
+            raise ValueError(
+                "task.rank_prior weighs the rank of each of a row's paragraphs: it needs "
+                "--task.document article (a paragraph row has one paragraph)"
+            )
         if not 0 <= self.dropout < 1:
             raise ValueError(f"task.dropout must lie in [0, 1), got {self.dropout}")
         self.length_buckets = tuple(self.length_buckets)
@@ -220,6 +234,7 @@ class ReadingConfig:
             max_answer_tokens=self.max_answer_tokens,
             no_answer=no_answer,
             windows=self.reading == "windows",
+            paragraph_ranks=(self.top_k or RANKS_OF_ALL) if self.rank_prior else 0,
             freeze_words=self.embeddings is not None,
             word_vectors=vectors,
         )
@@ -239,6 +254,8 @@ class Reading(Task):
             each question's row paragraphs (a list per question of that split's file, in
             reading order): its own paragraph, or its article's
             (:mod:`~relmem.tasks.reading.articles`).
+        ranks: as ``contexts``, each row paragraph's rank among its row's (from 1, the best
+            ranked; a question's own paragraph read alone is 1).
         context_tokens: by split, ``[N]`` int64 each question's row context tokens (before
             ``max_context_tokens`` cuts a training row).
     """
@@ -285,12 +302,17 @@ class Reading(Task):
             self.held_index = self.held_index[: config.test_size]
         if not len(self.train_index):
             raise ValueError(f"{train_path}: no training question has an aligned answer")
-        self.contexts = {
-            TRAIN: self._row_paragraphs(self.train, self.train_index, training=True),
-            HELD_OUT: self._row_paragraphs(self.held, self.held_index, training=False),
-        }
+        self.contexts, self.ranks = {}, {}
+        for split, encoded, index in (
+            (TRAIN, self.train, self.train_index),
+            (HELD_OUT, self.held, self.held_index),
+        ):
+            self.contexts[split], self.ranks[split] = self._row_paragraphs(
+                encoded, index, training=split == TRAIN
+            )
         if config.document == "article":
             self.contexts[OWN_PARAGRAPH] = [[q.paragraph] for q in self.held.squad.questions]
+            self.ranks[OWN_PARAGRAPH] = [[1]] * len(self.held)
         self.context_tokens = {
             split: self._encoded(split).joined_tokens(contexts, self.gap)
             for split, contexts in self.contexts.items()
@@ -328,15 +350,17 @@ class Reading(Task):
 
     def _row_paragraphs(
         self, encoded: EncodedSplit, index: Tensor, training: bool
-    ) -> list[list[int]]:
+    ) -> tuple[list[list[int]], list[list[int]]]:
         """The paragraphs of each question's row, a list per question of ``encoded``: its own
         paragraph, or with ``document`` article (for the questions ``index [N]``) those of its
         article ranked against it (:func:`~relmem.tasks.reading.articles.training_paragraphs`
-        when ``training``, else :func:`~relmem.tasks.reading.articles.held_out_paragraphs`)."""
+        when ``training``, else :func:`~relmem.tasks.reading.articles.held_out_paragraphs`);
+        and, as those lists, each paragraph's rank among its row's (from 1)."""
         questions = encoded.squad.questions
         contexts = [[q.paragraph] for q in questions]
+        ranks = [[1] for _ in questions]
         if self.config.document == "paragraph":
-            return contexts
+            return contexts, ranks
         top_k, most = self.config.top_k, self.config.max_context_tokens
         for i, ranked in rank_in_articles(encoded.squad, index.tolist()).items():
             own = questions[i].paragraph
@@ -345,7 +369,8 @@ class Reading(Task):
                 if training
                 else held_out_paragraphs(ranked, top_k)
             )
-        return contexts
+            ranks[i] = ranks_in_row(ranked, contexts[i])
+        return contexts, ranks
 
     def describe(self) -> str:
         """One line on the data: each file's alignment counts, the questions of each split
@@ -390,9 +415,11 @@ class Reading(Task):
 
     def _batch(self, split: int, index: Tensor, max_context: int | None) -> Batch:
         encoded, read = self._encoded(split), self.contexts[split]
-        contexts = [read[i] for i in index.tolist()]
+        picked = index.tolist()
+        contexts = [read[i] for i in picked]
+        ranks = [self.ranks[split][i] for i in picked] if self.config.rank_prior else None
         inputs, lengths, gold = encoded.rows(
-            index, self.config.question_tokens, max_context, contexts, self.gap
+            index, self.config.question_tokens, max_context, contexts, self.gap, ranks
         )
         targets, groups = self._targets_and_groups(split, index, gold)
         return Batch(inputs, targets, groups, None, lengths)
@@ -551,14 +578,16 @@ class Reading(Task):
 
     def data_identity(self) -> dict[str, Any]:
         """The vocabulary (tokenizer, sizes, SHA-1 of its entries): what the ids mean; and,
-        reading articles, ``document`` and ``top_k`` (and ``reading``, read as windows): what
-        the rows held (a paragraph-level run's identity stays what runs recorded before articles
-        were read)."""
+        reading articles, ``document`` and ``top_k`` (and ``reading``, read as windows;
+        ``rank_prior``, the rows carrying their paragraphs' ranks): what the rows held (a
+        paragraph-level run's identity stays what runs recorded before articles were read)."""
         identity: dict[str, Any] = {"vocabulary": self.vocabulary.identity()}
         if self.config.document == "article":
             identity |= {"document": self.config.document, "top_k": self.config.top_k}
         if self.config.reading == "windows":
             identity["reading"] = self.config.reading
+        if self.config.rank_prior:
+            identity["rank_prior"] = True
         return identity
 
     def export_vocabulary(self) -> dict[str, list[str]]:
