@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from relmem.models.reader import Reader, ReaderOptions
+from relmem.models.reader import RANK_PRIOR_SCALE, Reader, ReaderOptions
 
 Q = 4  # the question block
 CHARS = 3
@@ -69,10 +69,11 @@ def test_the_rank_prior_adds_its_score_for_each_tokens_paragraph_rank(windows: b
     logits, _ = ranked(inputs, lengths=lengths)
     ranks = inputs[:, Q:, -1].long().clamp(max=RANKS)  # rank 4 shares rank 3's scores
     expected = base.clone()
-    expected[:, 1:] += prior[ranks].to(base.dtype)
+    expected[:, 1:] += RANK_PRIOR_SCALE * prior[ranks].to(base.dtype)
     torch.testing.assert_close(logits, expected)
     assert torch.isinf(logits[1, 1 + 5 :]).all()  # padding stays -inf
-    # backward: the prior's gradient for a rank sums the scores' gradients over its tokens,
+    # backward: the prior's gradient for a rank sums the scores' gradients over its tokens
+    # (times the scale),
     # and every other weight's gradient is the reader's without the prior
     generator = torch.Generator().manual_seed(2)
     weights = torch.randn(logits.shape, dtype=logits.dtype, generator=generator)
@@ -81,9 +82,10 @@ def test_the_rank_prior_adds_its_score_for_each_tokens_paragraph_rank(windows: b
     (base.masked_fill(~finite, 0) * weights.masked_fill(~finite, 0)).sum().backward()
     per_token = weights[:, 1:].masked_fill(~finite[:, 1:], 0).double()
     want = torch.zeros(RANKS + 1, 2, dtype=torch.float64)
-    want.index_add_(0, ranks.flatten(), per_token.flatten(0, 1))
+    want.index_add_(0, ranks.flatten(), RANK_PRIOR_SCALE * per_token.flatten(0, 1))
     want[0] = 0  # question and padding steps: no prior
-    torch.testing.assert_close(ranked.rank_prior.weight.grad, want)
+    # the scores are float32 (the span head's), so the prior's gradient is summed in float32
+    torch.testing.assert_close(ranked.rank_prior.weight.grad, want, rtol=1e-6, atol=1e-6)
     plain_grads = dict(plain.named_parameters())
     for name, parameter in ranked.named_parameters():
         if name != "rank_prior.weight":

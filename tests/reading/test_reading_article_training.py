@@ -331,7 +331,7 @@ def test_a_rank_prior_reader_answers_with_each_paragraphs_rank(
     task = build(articles_file, top_k=3, rank_prior=True)
     model = Reader(task.spec.options["reader"], [])
     with torch.no_grad():  # the prior outweighs anything the untrained reader says
-        model.rank_prior.weight[favoured] = 1e3
+        model.rank_prior.weight[favoured] = 1e2
     reader = AnswerReader(task.vocabulary, task.config, model)
     context = "\n\n".join(ARTICLES["Harbours"])
     question = "Who designed the Bell Rock light?"
