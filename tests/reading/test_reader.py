@@ -11,15 +11,17 @@ from relmem.tasks.reading.task import best_spans
 
 
 def reference_window_attention(g, mask, window, score):
-    """Token by token: the window of each cut holding token t, the cut in which t lies further
-    from an edge (the first cut on ties), attention over that window's valid tokens but t."""
+    """Token by token: in a row whose valid tokens all lie in the first window, attention over
+    them all but t; in a longer one, the window of each cut holding token t, the cut in which
+    t lies further from an edge (the first cut on ties), attention over that window's valid
+    tokens but t."""
     batch, steps, _ = g.shape
     out = torch.zeros_like(g)
     for b in range(batch):
         for t in range(steps):
             if not mask[b, t]:
                 continue
-            if steps <= window:
+            if not mask[b, window:].any():  # the row fits in one window
                 lo, hi = 0, steps
             else:
                 cuts = []
@@ -80,3 +82,14 @@ def test_bigru_equals_packed_sequences() -> None:
     packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
     expected, _ = nn.utils.rnn.pad_packed_sequence(reference(packed)[0], True, total_length=6)
     torch.testing.assert_close(rnn(x, lengths), expected)
+
+
+def test_windowed_attention_of_a_row_does_not_depend_on_the_rows_beside_it() -> None:
+    torch.manual_seed(3)
+    score = Trilinear(5).double()
+    g = torch.randn(2, 30, 5, dtype=torch.float64)
+    for length in (5, 8, 13, 30):  # within one window of 8, and longer
+        mask = torch.arange(30) < torch.tensor([[30], [length]])
+        together = windowed_self_attention(g, mask, 8, score)[1, :length]
+        alone = windowed_self_attention(g[1:, :length], mask[1:, :length], 8, score)[0]
+        torch.testing.assert_close(together, alone)

@@ -62,6 +62,9 @@ _MASKED = -1e30  # a score no softmax gives weight to (finite, so a fully masked
 # by about its learning rate a step whatever its gradient, so unscaled, a prior learned at 1e-3
 # moved 0.14 in 300 steps (2026-11-28), where the held-out rows asked for 1 to 2
 RANK_PRIOR_SCALE = 10.0
+# a windows reader reads a batch's windows in this many groups of similar lengths (shortest
+# first, equal counts), each padded to its own longest window rather than the batch's
+WINDOW_GROUPS = 4
 
 
 @register_option
@@ -207,10 +210,11 @@ def windowed_self_attention(
     """Self-attention ``out_i = Σ_j softmax_j(score(g, g)_ij) g_j`` over each row's valid
     tokens, a token never attending to itself, computed within windows of ``window`` tokens.
 
-    Rows no longer than ``window`` attend over the whole row. Longer ones are cut into windows
-    twice, at offsets 0 and ``window // 2``, and each token takes its output from the cut in
-    which it lies further from a window's edge: every token is covered, and sees at least
-    ``window // 4`` tokens on each side that the row has.
+    Rows whose valid tokens all lie within the first ``window`` steps attend over the whole
+    row, whatever the padding beside them. Longer ones are cut into windows twice, at offsets
+    0 and ``window // 2``, and each token takes its output from the cut in which it lies
+    further from a window's edge: every token is covered, and sees at least ``window // 4``
+    tokens on each side that the row has.
 
     Args:
         g: ``[B, T, X]``. mask: ``[B, T]`` bool, the valid tokens.
@@ -234,7 +238,15 @@ def windowed_self_attention(
         inside = (position + offset) % window
         centrality.append(torch.minimum(inside, window - 1 - inside))
     second = (centrality[1] > centrality[0]).view(1, steps, 1)
-    return torch.where(second, outputs[1], outputs[0])
+    out = torch.where(second, outputs[1], outputs[0])
+    # a row that fits in one window attends over all of itself, however far the batch that
+    # holds it is padded: no row's output depends on the rows beside it
+    fits = ~mask[:, window:].any(dim=1)  # [B]
+    if not fits.any():
+        return out
+    which = fits.nonzero().flatten()
+    whole = _attend(g[which, :window], mask[which, :window], score)  # [S, window, X]
+    return out.index_copy(0, which, F.pad(whole, (0, 0, 0, steps - window)))
 
 
 def _attend(g: Tensor, mask: Tensor, score: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
@@ -465,19 +477,28 @@ class Reader(nn.Module):
     ) -> Tensor:
         """:meth:`_read_context`'s logits with each window of a row (a run of tokens between
         padding steps, :func:`padding_windows`) read as a context of its own, beside its row's
-        question; a row's "no answer" score is the best of its windows'."""
+        question, in :data:`WINDOW_GROUPS` groups of similar lengths; a row's "no answer"
+        score is the best of its windows'."""
         rows, steps = context.shape[:2]
         row, first, length = padding_windows(context[..., 0], context_lengths)
-        offsets = torch.arange(int(length.max()), device=context.device)
-        inside = offsets < length.unsqueeze(1)  # [N, P]
-        where = (first.unsqueeze(1) + offsets).clamp(max=steps - 1)  # [N, P] in the row
-        windows = context[row.unsqueeze(1), where] * inside.unsqueeze(-1)  # padding 0
-        logits = self._read_context(windows, length, q_enc[row], q_mask[row])  # [N, 1 + P, 2]
-        scores = logits.new_full((rows, steps, 2), float("-inf"))
-        at_row = row.unsqueeze(1).expand_as(where)
-        scores = scores.index_put((at_row[inside], where[inside]), logits[:, 1:][inside])
-        null = logits.new_full((rows, 2), float("-inf"))
-        null = null.scatter_reduce(0, row.unsqueeze(1).expand(-1, 2), logits[:, 0], "amax")
+        scores = q_enc.new_full((rows, steps, 2), float("-inf"), dtype=torch.float32)
+        nulls = []  # [n, 2] each group's windows' "no answer" scores
+        by_length = torch.argsort(length, stable=True)
+        groups = by_length.tensor_split(min(WINDOW_GROUPS, len(by_length)))
+        for group in groups:  # windows of similar lengths read together: little padding
+            g_row, g_first, g_length = row[group], first[group], length[group]
+            offsets = torch.arange(int(g_length.max()), device=context.device)
+            inside = offsets < g_length.unsqueeze(1)  # [n, P]
+            where = (g_first.unsqueeze(1) + offsets).clamp(max=steps - 1)  # [n, P] in the row
+            windows = context[g_row.unsqueeze(1), where] * inside.unsqueeze(-1)  # padding 0
+            logits = self._read_context(windows, g_length, q_enc[g_row], q_mask[g_row])
+            at_row = g_row.unsqueeze(1).expand_as(where)
+            scores = scores.index_put((at_row[inside], where[inside]), logits[:, 1:][inside])
+            nulls.append(logits[:, 0])
+        window_rows = torch.cat([row[group] for group in groups])
+        null = scores.new_full((rows, 2), float("-inf")).scatter_reduce(
+            0, window_rows.unsqueeze(1).expand(-1, 2), torch.cat(nulls), "amax"
+        )
         return torch.cat([null.unsqueeze(1), scores], dim=1)
 
 
