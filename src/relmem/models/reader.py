@@ -417,8 +417,8 @@ class Reader(nn.Module):
     def forward(
         self, inputs: Tensor, state: Any = None, lengths: Tensor | None = None
     ) -> tuple[Tensor, None]:
-        q, width = self.options.question_block, 3 + self.options.chars
-        expected = width + (self.rank_prior is not None)
+        q = self.options.question_block
+        expected = self.embed.width + (self.rank_prior is not None)
         if inputs.dim() != 3 or inputs.shape[2] != expected:
             columns = f"3 + {self.options.chars} characters"
             columns += " + a paragraph rank" if self.rank_prior is not None else ""
@@ -495,7 +495,7 @@ class Reader(nn.Module):
             at_row = g_row.unsqueeze(1).expand_as(where)
             scores = scores.index_put((at_row[inside], where[inside]), logits[:, 1:][inside])
             nulls.append(logits[:, 0])
-        window_rows = torch.cat([row[group] for group in groups])
+        window_rows = row[by_length]  # the groups' windows in the order nulls holds them
         null = scores.new_full((rows, 2), float("-inf")).scatter_reduce(
             0, window_rows.unsqueeze(1).expand(-1, 2), torch.cat(nulls), "amax"
         )
