@@ -10,7 +10,11 @@ its parameters' gradients; and the operator's hand-written backward is gradcheck
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -262,6 +266,34 @@ def test_float32_agrees_with_the_reference_to_rounding() -> None:
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     for a, b in zip(reference.parameters(), fused.parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-3, atol=1e-5)
+
+
+def test_the_sequence_gives_the_same_numbers_with_its_gemms_through_aten() -> None:
+    """Where torch carries MKL the sequence calls its GEMM entry points directly; elsewhere (and
+    with RELMEM_DNC_ATEN_GEMM=1) the same products go through ATen. The module exactness tests
+    above, again in a process that takes the ATen way."""
+    assert torch.ops.relmem_dnc.direct_gemm() == torch.backends.mkl.is_available()
+    selected = "dnc_and_its_cell_run_the_fused_step_exactly or layer_runs_the_fused_step_exactly"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", selected],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "RELMEM_DNC_ATEN_GEMM": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "12 passed" in result.stdout, result.stdout[-2000:]
+    probe = "import relmem.cores.dnc.fused as f, torch; f.load_dnc_ops(); "
+    probe += "print(torch.ops.relmem_dnc.direct_gemm())"
+    said = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**os.environ, "RELMEM_DNC_ATEN_GEMM": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert said.stdout.strip() == "False", said.stdout + said.stderr[-2000:]
 
 
 def test_the_default_is_the_fused_step_on_the_cpu() -> None:

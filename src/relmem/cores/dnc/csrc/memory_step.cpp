@@ -30,10 +30,19 @@
 #include "../../csrc/vector_math.h"
 
 #include <algorithm>
+#include <array>
+#include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <numeric>
+#include <type_traits>
 #include <vector>
+
+#if defined(__linux__) || defined(__APPLE__)
+#include <dlfcn.h>
+#endif
 
 namespace {
 
@@ -43,6 +52,76 @@ using torch::autograd::tensor_list;
 using relmem_math::exp_nonpositive;
 using relmem_math::sigmoid;
 using relmem_math::tanh_of;
+
+// ---------------------------------------------------------------- the loop's GEMMs
+//
+// The sequence's per-step GEMMs are small (a batch of 8 to 32 rows against a controller's
+// weights); through ATen each pays a dispatch, a few tensor views and its checks, several
+// microseconds, which at the copy preset's sizes was a fifth of the whole step. When torch
+// carries MKL (at::hasMKL(): its x86 builds), its Fortran entry points sgemm_/dgemm_ in the
+// library that holds ATen (LP64, as torch links them) are called directly on the loop's
+// pointers; otherwise, or with
+// RELMEM_DNC_ATEN_GEMM=1 in the environment (what the tests use to run this path), the same
+// product goes through at::addmm_.
+
+template <typename T>
+using BlasGemm = void (*)(const char*, const char*, const int*, const int*, const int*, const T*,
+                          const T*, const int*, const T*, const int*, const T*, T*, const int*);
+
+template <typename T>
+BlasGemm<T> find_blas_gemm() {
+#if defined(__linux__) || defined(__APPLE__)
+  const char* aten = std::getenv("RELMEM_DNC_ATEN_GEMM");
+  if ((aten && std::strcmp(aten, "1") == 0) || !at::hasMKL()) return nullptr;
+  // the library that holds ATen (and, linked into it, MKL), not whichever sgemm_ came first
+  Dl_info info;
+  if (!dladdr(reinterpret_cast<void*>(&at::globalContext), &info) || !info.dli_fname) {
+    return nullptr;
+  }
+  void* library = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (!library) return nullptr;
+  const char* name = std::is_same_v<T, float> ? "sgemm_" : "dgemm_";
+  return reinterpret_cast<BlasGemm<T>>(dlsym(library, name));
+#else
+  return nullptr;
+#endif
+}
+
+template <typename T>
+BlasGemm<T> blas_gemm() {
+  static const BlasGemm<T> found = find_blas_gemm<T>();
+  return found;
+}
+
+// C = beta·C + A·op(B), row-major: A [m, k] with row stride lda; B [n, k] (tb: C = A Bᵀ, as a
+// Linear's weight) or [k, n], row stride ldb; C [m, n], row stride ldc. beta 0 ignores C.
+template <typename T>
+void gemm(bool tb, int64_t m, int64_t n, int64_t k, const T* A, int64_t lda, const T* B,
+          int64_t ldb, T beta, T* C, int64_t ldc) {
+  const BlasGemm<T> blas = blas_gemm<T>();
+  const int64_t largest = std::max({m, n, k, lda, ldb, ldc});
+  if (blas && largest < INT_MAX) {
+    // row-major C = A op(B) is column-major Cᵀ = op(B)ᵀ Aᵀ
+    const char transb = tb ? 'T' : 'N', transa = 'N';
+    const int mi = int(n), ni = int(m), ki = int(k), la = int(ldb), lb = int(lda), lc = int(ldc);
+    const T one = 1;
+    blas(&transb, &transa, &mi, &ni, &ki, &one, B, &la, A, &lb, &beta, C, &lc);
+    return;
+  }
+  const auto options = at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value);
+  const Tensor a = at::from_blob(const_cast<T*>(A), {m, k}, {lda, 1}, options);
+  const Tensor b = tb ? at::from_blob(const_cast<T*>(B), {n, k}, {ldb, 1}, options).t()
+                      : at::from_blob(const_cast<T*>(B), {k, n}, {ldb, 1}, options);
+  at::from_blob(C, {m, n}, {ldc, 1}, options).addmm_(a, b, beta, 1);
+}
+
+// C [m, n] = bias (each row) + A Bᵀ, B [n, k] a Linear's weight.
+template <typename T>
+void linear(int64_t m, int64_t n, int64_t k, const T* A, int64_t lda, const T* B,
+            const T* bias, T* C) {
+  for (int64_t i = 0; i < m; ++i) std::copy(bias, bias + n, C + i * n);
+  gemm<T>(true, m, n, k, A, lda, B, k, T(1), C, n);
+}
 
 // Where each field starts in the interface vector, in this fixed order (memory.py's
 // fused_offsets); read modes are -1 without a link.
@@ -713,27 +792,44 @@ void check_inputs(const Dims& d, const tensor_list& t) {
   }
 }
 
+// One batch's step as pointers to its [B, …] rows: the interface and the seven state fields
+// (memory, usage, link, precedence, read_weights, write_weights, read_vectors; link and
+// precedence null without a link; the inputs' read vectors unused), so that the sequence's loop
+// reaches them without making a tensor view a step.
 template <typename T>
-Inputs<T> inputs_of(const Dims& d, const tensor_list& t, int64_t b) {
-  return {t[0].data_ptr<T>() + b * d.I,
-          t[1].data_ptr<T>() + b * d.N * d.W,
-          t[2].data_ptr<T>() + b * d.N,
-          d.link ? t[3].data_ptr<T>() + b * d.Wh * d.N * d.N : nullptr,
-          d.link ? t[4].data_ptr<T>() + b * d.Wh * d.N : nullptr,
-          t[5].data_ptr<T>() + b * d.R * d.N,
-          t[6].data_ptr<T>() + b * d.Wh * d.N};
+using Fields = std::array<T*, 7>;
+
+// Each field's values per example, in Fields' order.
+std::array<int64_t, 7> field_sizes(const Dims& d) {
+  return {d.N * d.W, d.N, d.Wh * d.N * d.N, d.Wh * d.N, d.R * d.N, d.Wh * d.N, d.R * d.W};
+}
+
+template <typename T>
+Fields<T> fields_of(const Dims& d, const tensor_list& t, int64_t first) {
+  Fields<T> f{};
+  for (int64_t k = 0; k < 7; ++k) {
+    const bool linked = k != 2 && k != 3;
+    if (first + k < int64_t(t.size()) && (linked || d.link) && t[first + k].defined() &&
+        t[first + k].numel() > 0) {
+      f[k] = t[first + k].data_ptr<T>();
+    }
+  }
+  return f;
+}
+
+template <typename T>
+Inputs<T> inputs_of(const Dims& d, const T* xi, const Fields<T>& in, int64_t b) {
+  const std::array<int64_t, 7> size = field_sizes(d);
+  auto at = [&](int64_t k) -> const T* { return in[k] ? in[k] + b * size[k] : nullptr; };
+  return {xi + b * d.I, at(0), at(1), at(2), at(3), at(4), at(5)};
 }
 
 // Point the scratch's output fields at example b's rows of the outputs.
 template <typename T>
-void place_outputs(const Dims& d, Scratch<T>& s, const tensor_list& out, int64_t b) {
-  s.memory.p = out[0].data_ptr<T>() + b * d.N * d.W;
-  s.usage.p = out[1].data_ptr<T>() + b * d.N;
-  s.link.p = d.link ? out[2].data_ptr<T>() + b * d.Wh * d.N * d.N : nullptr;
-  s.prec.p = d.link ? out[3].data_ptr<T>() + b * d.Wh * d.N : nullptr;
-  s.rw.p = out[4].data_ptr<T>() + b * d.R * d.N;
-  s.ww.p = out[5].data_ptr<T>() + b * d.Wh * d.N;
-  s.rv.p = out[6].data_ptr<T>() + b * d.R * d.W;
+void place_outputs(const Dims& d, Scratch<T>& s, const Fields<T>& out, int64_t b) {
+  const std::array<int64_t, 7> size = field_sizes(d);
+  Span<T>* spans[7] = {&s.memory, &s.usage, &s.link, &s.prec, &s.rw, &s.ww, &s.rv};
+  for (int64_t k = 0; k < 7; ++k) spans[k]->p = out[k] ? out[k] + b * size[k] : nullptr;
 }
 
 int64_t slab_size(const Dims& d) { return place<float>(d, nullptr, nullptr); }
@@ -748,87 +844,71 @@ tensor_list allocate_outputs(const Dims& d, int64_t B, const at::TensorOptions& 
           at::empty({B, d.R, d.W}, options)};
 }
 
-// The step of every example of the inputs `t` (interface, memory, usage, link, precedence,
-// read_weights, write_weights) into `out` (memory, usage, link, precedence, read_weights,
-// write_weights, read_vectors; link and precedence empty without a link). With `slabs`
-// ([B, slab_size] values and [B, Wh·N] int64, defined) the intermediates are kept there for the
-// backward; without, in a slab per thread.
-void forward_into(const Dims& d, const tensor_list& t, const tensor_list& out,
-                  const Tensor& slabs, const Tensor& orders) {
-  const int64_t B = t[0].size(0);
+// The step of every example: from the interface xi [B, I] and the state `in` into `out`. With
+// `slabs` ([B, slab_size] values) and `orders` ([B, Wh·N]) the intermediates are kept there
+// for the backward; with null, in a slab per thread.
+template <typename T>
+void forward_into(const Dims& d, int64_t B, const T* xi, const Fields<T>& in,
+                  const Fields<T>& out, T* slabs, int64_t* orders) {
   const int64_t size = slab_size(d), WhN = d.Wh * d.N;
-  AT_DISPATCH_FLOATING_TYPES(t[0].scalar_type(), "relmem_dnc_memory_step", [&] {
-    using T = scalar_t;
-    at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-      std::vector<T> own(slabs.defined() ? 0 : size);
-      std::vector<int64_t> own_order(slabs.defined() ? 0 : WhN);
-      Scratch<T> s;
-      for (int64_t b = begin; b < end; ++b) {
-        place(d, &s, slabs.defined() ? slabs.data_ptr<T>() + b * size : own.data());
-        s.order = orders.defined() ? orders.data_ptr<int64_t>() + b * WhN : own_order.data();
-        place_outputs(d, s, out, b);
-        step_forward(d, inputs_of<T>(d, t, b), s);
-      }
-    });
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> own(slabs ? 0 : size);
+    std::vector<int64_t> own_order(orders ? 0 : WhN);
+    Scratch<T> s;
+    for (int64_t b = begin; b < end; ++b) {
+      place(d, &s, slabs ? slabs + b * size : own.data());
+      s.order = orders ? orders + b * WhN : own_order.data();
+      place_outputs(d, s, out, b);
+      step_forward(d, inputs_of(d, xi, in, b), s);
+    }
   });
 }
 
 tensor_list run_forward(const Dims& d, const tensor_list& t, const Tensor& slabs,
                         const Tensor& orders) {
   tensor_list out = allocate_outputs(d, t[0].size(0), t[0].options());
-  forward_into(d, t, out, slabs, orders);
+  AT_DISPATCH_FLOATING_TYPES(t[0].scalar_type(), "relmem_dnc_memory_step", [&] {
+    using T = scalar_t;
+    forward_into<T>(d, t[0].size(0), t[0].data_ptr<T>(), fields_of<T>(d, t, 1),
+                    fields_of<T>(d, out, 0), slabs.defined() ? slabs.data_ptr<T>() : nullptr,
+                    orders.defined() ? orders.data_ptr<int64_t>() : nullptr);
+  });
   return out;
 }
 
-// Gradients of the seven inputs, written into `gin` (each defined, of the inputs' shapes; the
-// previous write weights' are zeros without usage_write_grad), from those of the seven outputs
-// `gout` (undefined: zero), the inputs, the outputs and the slabs the forward kept. Rows whose
+// Gradients of the interface (gxi [B, I]) and of the six state inputs (gin, each written; the
+// previous write weights' zeros without usage_write_grad) from those of the seven outputs
+// (gout, null: zero), the inputs, the outputs and the slabs the forward kept. Rows whose
 // `active` flag is 0 get zeros (a finished example's step is not differentiated).
-void backward_into(const Dims& d, const tensor_list& t, const tensor_list& out,
-                   const Tensor& slabs, const Tensor& orders, const tensor_list& gout,
-                   const tensor_list& gin, const uint8_t* active) {
-  const int64_t B = t[0].size(0);
-  const int64_t size = slab_size(d);
-  AT_DISPATCH_FLOATING_TYPES(t[0].scalar_type(), "relmem_dnc_memory_step_backward", [&] {
-    using T = scalar_t;
-    auto ptr = [&](const Tensor& g, int64_t stride, int64_t b) -> const T* {
-      return g.defined() ? g.data_ptr<T>() + b * stride : nullptr;
-    };
-    const int64_t NW = d.N * d.W, WhNN = d.Wh * d.N * d.N, WhN = d.Wh * d.N, RN = d.R * d.N;
-    at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-      Work<T> work(d);
-      Scratch<T> s;
-      for (int64_t b = begin; b < end; ++b) {
-        T* gi[7] = {gin[0].data_ptr<T>() + b * d.I,
-                    gin[1].data_ptr<T>() + b * NW,
-                    gin[2].data_ptr<T>() + b * d.N,
-                    d.link ? gin[3].data_ptr<T>() + b * WhNN : nullptr,
-                    d.link ? gin[4].data_ptr<T>() + b * WhN : nullptr,
-                    gin[5].data_ptr<T>() + b * RN,
-                    gin[6].data_ptr<T>() + b * WhN};
-        if (active && !active[b]) {
-          const int64_t sizes[7] = {d.I, NW, d.N, WhNN, WhN, RN, WhN};
-          for (int64_t k = 0; k < 7; ++k) {
-            if (gi[k]) std::fill(gi[k], gi[k] + sizes[k], T(0));
-          }
-          continue;
+template <typename T>
+void backward_into(const Dims& d, int64_t B, const T* xi, const Fields<T>& in,
+                   const Fields<T>& out, const T* slabs, const int64_t* orders,
+                   const Fields<T>& gout, T* gxi, const Fields<T>& gin, const uint8_t* active) {
+  const int64_t size = slab_size(d), WhN = d.Wh * d.N;
+  const std::array<int64_t, 7> sz = field_sizes(d);
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    Work<T> work(d);
+    Scratch<T> s;
+    for (int64_t b = begin; b < end; ++b) {
+      T* gi[7] = {gxi + b * d.I};
+      for (int64_t k = 0; k < 6; ++k) gi[k + 1] = gin[k] ? gin[k] + b * sz[k] : nullptr;
+      if (active && !active[b]) {
+        const int64_t sizes[7] = {d.I, sz[0], sz[1], sz[2], sz[3], sz[4], sz[5]};
+        for (int64_t k = 0; k < 7; ++k) {
+          if (gi[k]) std::fill(gi[k], gi[k] + sizes[k], T(0));
         }
-        place(d, &s, slabs.data_ptr<T>() + b * size);
-        s.order = orders.data_ptr<int64_t>() + b * WhN;
-        place_outputs(d, s, out, b);
-        Grads<T> g{ptr(gout[0], NW, b),
-                   ptr(gout[1], d.N, b),
-                   d.link ? ptr(gout[2], WhNN, b) : nullptr,
-                   d.link ? ptr(gout[3], WhN, b) : nullptr,
-                   ptr(gout[4], RN, b),
-                   ptr(gout[5], WhN, b),
-                   ptr(gout[6], d.R * d.W, b),
-                   gi[0], gi[1], gi[2], gi[3], gi[4], gi[5],
-                   d.usage_write_grad ? gi[6] : nullptr};
-        step_backward(d, inputs_of<T>(d, t, b), s, g, work);
-        if (!d.usage_write_grad) std::fill(gi[6], gi[6] + WhN, T(0));
+        continue;
       }
-    });
+      place(d, &s, const_cast<T*>(slabs) + b * size);
+      s.order = const_cast<int64_t*>(orders) + b * WhN;
+      place_outputs(d, s, out, b);
+      auto g = [&](int64_t k) -> const T* { return gout[k] ? gout[k] + b * sz[k] : nullptr; };
+      Grads<T> grads{g(0), g(1), d.link ? g(2) : nullptr, d.link ? g(3) : nullptr, g(4), g(5),
+                     g(6), gi[0], gi[1], gi[2], gi[3], gi[4], gi[5],
+                     d.usage_write_grad ? gi[6] : nullptr};
+      step_backward(d, inputs_of(d, xi, in, b), s, grads, work);
+      if (!d.usage_write_grad) std::fill(gi[6], gi[6] + sz[5], T(0));
+    }
   });
 }
 
@@ -840,7 +920,13 @@ tensor_list run_backward(const Dims& d, const tensor_list& t, const tensor_list&
   for (const Tensor& g : grads) {
     gout.push_back(g.defined() && g.numel() > 0 ? g.contiguous() : Tensor());
   }
-  backward_into(d, t, out, slabs, orders, gout, gin, nullptr);
+  AT_DISPATCH_FLOATING_TYPES(t[0].scalar_type(), "relmem_dnc_memory_step_backward", [&] {
+    using T = scalar_t;
+    backward_into<T>(d, t[0].size(0), t[0].data_ptr<T>(), fields_of<T>(d, t, 1),
+                     fields_of<T>(d, out, 0), slabs.data_ptr<T>(), orders.data_ptr<int64_t>(),
+                     fields_of<T>(d, gout, 0), gin[0].data_ptr<T>(), fields_of<T>(d, gin, 1),
+                     nullptr);
+  });
   if (!d.link) gin[3] = gin[4] = Tensor();
   if (!d.usage_write_grad) gin[6] = Tensor();
   return gin;
@@ -974,41 +1060,57 @@ Buffers allocate_buffers(const Seq& q, const Dims& d, const at::TensorOptions& o
   return buf;
 }
 
-// The memory state at slot s (the step's inputs, interface first, or its outputs).
-tensor_list memory_inputs(const Dims& d, const Buffers& buf, const Tensor& xi, int64_t s) {
-  const Tensor none = buf.mem[2];  // empty without a link
-  return {xi, buf.mem[0][s], buf.mem[1][s], d.link ? buf.mem[2][s] : none,
-          d.link ? buf.mem[3][s] : none, buf.mem[4][s], buf.mem[5][s]};
+// Row i of a buffer laid out [rows, …] (its first dimension), as a pointer.
+template <typename T>
+T* row(const Tensor& t, int64_t i) {
+  return t.data_ptr<T>() + i * t.stride(0);
 }
 
-tensor_list memory_outputs(const Dims& d, const Buffers& buf, int64_t s) {
-  const Tensor none = buf.mem[2];
-  return {buf.mem[0][s], buf.mem[1][s], d.link ? buf.mem[2][s] : none,
-          d.link ? buf.mem[3][s] : none, buf.mem[4][s], buf.mem[5][s], buf.mem[6][s]};
+// The memory state at slot s (link and precedence null without a link).
+template <typename T>
+Fields<T> state_at(const Buffers& buf, int64_t s) {
+  Fields<T> f{};
+  for (int64_t k = 0; k < 7; ++k) {
+    if (buf.mem[k].numel()) f[k] = row<T>(buf.mem[k], s);
+  }
+  return f;
 }
 
-// Copy the rows of `from` into `to` where `keep[b]` (a finished example keeps its state).
-void copy_rows(const Tensor& to, const Tensor& from, const std::vector<uint8_t>& keep) {
-  if (!to.defined() || to.numel() == 0) return;
-  const int64_t B = to.size(0), row = to.numel() / B, bytes = row * to.element_size();
-  auto* dst = static_cast<char*>(to.data_ptr());
-  const auto* src = static_cast<const char*>(from.data_ptr());
-  for (int64_t b = 0; b < B; ++b) {
-    if (keep[b]) std::memcpy(dst + b * bytes, src + b * bytes, bytes);
+// The seven fields of a list of [B, …] tensors (null where empty).
+template <typename T>
+Fields<T> fields_in(const tensor_list& t) {
+  Fields<T> f{};
+  for (int64_t k = 0; k < 7; ++k) {
+    if (t[k].numel()) f[k] = t[k].data_ptr<T>();
+  }
+  return f;
+}
+
+// Copy (or add) `values` values a row from `from` into `to` where `keep[b]`; `to` null: nothing.
+template <typename T>
+void copy_rows(T* to, const T* from, int64_t values, const std::vector<uint8_t>& keep) {
+  if (!to) return;
+  for (size_t b = 0; b < keep.size(); ++b) {
+    if (keep[b]) std::copy(from + b * values, from + (b + 1) * values, to + b * values);
   }
 }
 
-// The rows finished before step t (t >= lengths[b]); empty when every row runs.
-std::vector<uint8_t> finished_at(const Tensor& lengths, int64_t t, int64_t B) {
-  std::vector<uint8_t> done(B, 0);
-  if (!lengths.defined() || lengths.numel() == 0) return done;
-  const int64_t* len = lengths.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b) done[b] = t >= len[b];
-  return done;
+template <typename T>
+void add_rows(T* to, const T* from, int64_t values, const std::vector<uint8_t>& keep) {
+  for (size_t b = 0; b < keep.size(); ++b) {
+    if (!keep[b]) continue;
+    for (int64_t i = 0; i < values; ++i) to[b * values + i] += from[b * values + i];
+  }
 }
 
-bool any(const std::vector<uint8_t>& flags) {
-  return std::any_of(flags.begin(), flags.end(), [](uint8_t f) { return f != 0; });
+// Marks in `done` the rows finished before step t (t >= lengths[b]); whether any is.
+bool finished_at(const int64_t* lengths, int64_t t, std::vector<uint8_t>& done) {
+  bool some = false;
+  for (size_t b = 0; b < done.size(); ++b) {
+    done[b] = lengths && t >= lengths[b];
+    some = some || done[b];
+  }
+  return some;
 }
 
 // One example's LSTM gates from their pre-activations g [4H] (x W_ih^T + b_ih + h W_hh^T + b_hh,
@@ -1052,106 +1154,93 @@ void gru_gates(int64_t H, double clip, const T* __restrict xg, const T* __restri
 }
 
 // weights: per layer w_ih [G, in + R·W], w_hh [G, H], b_ih [G], b_hh [G]; then w_xi [I, L·H],
-// b_xi [I]. Returns hiddens [T, B, L·H], reads [T, B, R·W].
+// b_xi [I]. Returns hiddens [T, B, L·H], reads [T, B, R·W]. The loop works on the buffers'
+// pointers (no tensor is made a step) and calls the GEMMs directly (gemm, above).
 template <typename T>
 void sequence_forward(const Seq& q, const Dims& d, const Tensor& x, const Tensor& lengths,
                       const tensor_list& w, Buffers& buf, const Tensor& hiddens,
                       const Tensor& reads) {
-  const int64_t B = q.B, H = q.H, RW = d.R * d.W, LH = q.L * H;
-  const Tensor& w_xi = w[4 * q.L];
-  const Tensor& b_xi = w[4 * q.L + 1];
-  Tensor gi = q.lstm ? Tensor() : at::empty({B, q.G}, x.options());
-  Tensor gh = at::empty({B, q.G}, x.options());
+  const int64_t B = q.B, H = q.H, G = q.G, X = q.X, RW = d.R * d.W, LH = q.L * H;
+  const int64_t width = X + RW;  // χ_t
+  const std::array<int64_t, 7> size = field_sizes(d);
+  const T* w_xi = w[4 * q.L].data_ptr<T>();
+  const T* b_xi = w[4 * q.L + 1].data_ptr<T>();
+  std::vector<T> gi(q.lstm ? 0 : B * G), gh(B * G);
+  const int64_t* len = lengths.numel() ? lengths.data_ptr<int64_t>() : nullptr;
+  std::vector<uint8_t> done(B);
   for (int64_t t = 0; t < q.T; ++t) {
     const int64_t si = q.slot(t), so = q.slot(t + 1), a = q.step(t);
+    const Fields<T> in = state_at<T>(buf, si), out = state_at<T>(buf, so);
     // χ_t = [x_t ; r_{t−1}] into layer 1's input rows
-    {
-      T* xin = buf.xin[0][a].data_ptr<T>();
-      const T* xt = x[t].data_ptr<T>();
-      const T* rv = buf.mem[6][si].data_ptr<T>();
-      const int64_t width = q.X + RW;
-      for (int64_t b = 0; b < B; ++b) {
-        std::copy(xt + b * q.X, xt + (b + 1) * q.X, xin + b * width);
-        std::copy(rv + b * RW, rv + (b + 1) * RW, xin + b * width + q.X);
-      }
+    T* chi = row<T>(buf.xin[0], a);
+    const T* xt = row<T>(x, t);
+    for (int64_t b = 0; b < B; ++b) {
+      std::copy(xt + b * X, xt + (b + 1) * X, chi + b * width);
+      std::copy(in[6] + b * RW, in[6] + (b + 1) * RW, chi + b * width + X);
     }
-    T* hidden = hiddens[t].data_ptr<T>();
+    T* hidden = row<T>(hiddens, t);
     for (int64_t l = 0; l < q.L; ++l) {
-      const Tensor& xin = buf.xin[l][a];
-      const Tensor h_prev = buf.h[l][si];
-      T* acts = buf.acts[l][a].data_ptr<T>();
-      T* pre = buf.pre[l][a].data_ptr<T>();
-      T* h_new = buf.h[l][so].data_ptr<T>();
-      const T* hp = h_prev.data_ptr<T>();
+      const int64_t columns = q.in(l) + RW;
+      const T* xin = row<T>(buf.xin[l], a);
+      const T* hp = row<T>(buf.h[l], si);
+      T* acts = row<T>(buf.acts[l], a);
+      T* pre = row<T>(buf.pre[l], a);
+      T* h_new = row<T>(buf.h[l], so);
+      const T* w_ih = w[4 * l].data_ptr<T>();
+      const T* w_hh = w[4 * l + 1].data_ptr<T>();
+      const T* b_ih = w[4 * l + 2].data_ptr<T>();
+      const T* b_hh = w[4 * l + 3].data_ptr<T>();
       if (q.lstm) {
         // gates = x W_ih^T + b_ih + h W_hh^T + b_hh, activated in place: [i f g o]
-        at::addmm_out(gh, w[4 * l + 2], xin, w[4 * l].t());
-        gh.addmm_(h_prev, w[4 * l + 1].t());
-        gh.add_(w[4 * l + 3]);
-        const T* g = gh.data_ptr<T>();
-        const T* cp = buf.c[l][si].data_ptr<T>();
-        T* c_new = buf.c[l][so].data_ptr<T>();
+        linear<T>(B, G, columns, xin, columns, w_ih, b_ih, gh.data());
+        gemm<T>(true, B, G, H, hp, H, w_hh, H, T(1), gh.data(), G);
         for (int64_t b = 0; b < B; ++b) {
-          lstm_gates(H, T(q.forget_bias), q.clip, g + b * q.G, cp + b * H, acts + b * 4 * H,
-                     pre + b * 2 * H, c_new + b * H, h_new + b * H);
+          for (int64_t j = 0; j < G; ++j) gh[b * G + j] += b_hh[j];
+        }
+        const T* cp = row<T>(buf.c[l], si);
+        T* c_new = row<T>(buf.c[l], so);
+        for (int64_t b = 0; b < B; ++b) {
+          lstm_gates(H, T(q.forget_bias), q.clip, gh.data() + b * G, cp + b * H,
+                     acts + b * 4 * H, pre + b * 2 * H, c_new + b * H, h_new + b * H);
         }
       } else {
         // r, z, n = σ(·), σ(·), tanh(x W_in + b_in + r ∘ (h W_hn + b_hn)); h' = (1 − z) n + z h
-        at::addmm_out(gi, w[4 * l + 2], xin, w[4 * l].t());
-        at::addmm_out(gh, w[4 * l + 3], h_prev, w[4 * l + 1].t());
-        const T* xg = gi.data_ptr<T>();
-        const T* hg = gh.data_ptr<T>();
+        linear<T>(B, G, columns, xin, columns, w_ih, b_ih, gi.data());
+        linear<T>(B, G, H, hp, H, w_hh, b_hh, gh.data());
         for (int64_t b = 0; b < B; ++b) {
-          gru_gates(H, q.clip, xg + b * q.G, hg + b * q.G, hp + b * H, acts + b * 4 * H,
-                    pre + b * 2 * H, h_new + b * H);
+          gru_gates(H, q.clip, gi.data() + b * G, gh.data() + b * G, hp + b * H,
+                    acts + b * 4 * H, pre + b * 2 * H, h_new + b * H);
         }
       }
       for (int64_t b = 0; b < B; ++b) {
         std::copy(h_new + b * H, h_new + (b + 1) * H, hidden + b * LH + l * H);
       }
       if (l + 1 < q.L) {  // layer l + 1 reads [χ_t ; h^l_t]
-        const T* below = buf.xin[0][a].data_ptr<T>();
-        T* next = buf.xin[l + 1][a].data_ptr<T>();
-        const int64_t width = q.X + RW;
+        T* next = row<T>(buf.xin[l + 1], a);
         for (int64_t b = 0; b < B; ++b) {
-          std::copy(below + b * width, below + (b + 1) * width, next + b * (width + H));
+          std::copy(chi + b * width, chi + (b + 1) * width, next + b * (width + H));
           std::copy(h_new + b * H, h_new + (b + 1) * H, next + b * (width + H) + width);
         }
       }
     }
-    Tensor xi = buf.xi[a];
-    at::addmm_out(xi, b_xi, hiddens[t], w_xi.t());
-    forward_into(d, memory_inputs(d, buf, xi, si), memory_outputs(d, buf, so),
-                 q.save ? buf.slabs[t] : Tensor(), q.save ? buf.orders[t] : Tensor());
-    reads[t].copy_(buf.mem[6][so].view({B, RW}));
-    const std::vector<uint8_t> done = finished_at(lengths, t, B);
-    if (any(done)) {  // a finished example keeps its state and outputs zeros
+    T* xi = row<T>(buf.xi, a);
+    linear<T>(B, d.I, LH, hidden, LH, w_xi, b_xi, xi);
+    forward_into<T>(d, B, xi, in, out, q.save ? row<T>(buf.slabs, t) : nullptr,
+                    q.save ? row<int64_t>(buf.orders, t) : nullptr);
+    T* read = row<T>(reads, t);
+    std::copy(out[6], out[6] + B * RW, read);
+    if (finished_at(len, t, done)) {  // a finished example keeps its state and outputs zeros
       for (int64_t b = 0; b < B; ++b) {
         if (!done[b]) continue;
-        hiddens[t][b].zero_();
-        reads[t][b].zero_();
+        std::fill(hidden + b * LH, hidden + (b + 1) * LH, T(0));
+        std::fill(read + b * RW, read + (b + 1) * RW, T(0));
       }
       for (int64_t l = 0; l < q.L; ++l) {
-        copy_rows(buf.h[l][so], buf.h[l][si], done);
-        if (q.lstm) copy_rows(buf.c[l][so], buf.c[l][si], done);
+        copy_rows(row<T>(buf.h[l], so), row<T>(buf.h[l], si), H, done);
+        if (q.lstm) copy_rows(row<T>(buf.c[l], so), row<T>(buf.c[l], si), H, done);
       }
-      for (int64_t k = 0; k < 7; ++k) {
-        if (buf.mem[k].numel()) copy_rows(buf.mem[k][so], buf.mem[k][si], done);
-      }
+      for (int64_t k = 0; k < 7; ++k) copy_rows(out[k], in[k], size[k], done);
     }
-  }
-}
-
-// Adds `from`'s rows to `to`'s where `keep[b]`.
-template <typename T>
-void add_rows(const Tensor& to, const Tensor& from, const std::vector<uint8_t>& keep) {
-  if (!to.defined() || to.numel() == 0 || !from.defined()) return;
-  const int64_t B = to.size(0), row = to.numel() / B;
-  T* dst = to.data_ptr<T>();
-  const T* src = from.data_ptr<T>();
-  for (int64_t b = 0; b < B; ++b) {
-    if (!keep[b]) continue;
-    for (int64_t i = 0; i < row; ++i) dst[b * row + i] += src[b * row + i];
   }
 }
 
@@ -1166,7 +1255,9 @@ tensor_list sequence_backward(const Seq& q, const Dims& d, const Tensor& x, cons
                               const tensor_list& w, const Buffers& buf, const Tensor& hiddens,
                               const Tensor& g_hiddens, const Tensor& g_reads,
                               const tensor_list& g_ctrl, const tensor_list& g_mem) {
-  const int64_t B = q.B, H = q.H, RW = d.R * d.W, LH = q.L * H, X = q.X;
+  const int64_t B = q.B, H = q.H, G = q.G, X = q.X, RW = d.R * d.W, LH = q.L * H;
+  const int64_t width = X + RW;  // χ_t
+  const std::array<int64_t, 7> size = field_sizes(d);
   const auto o = x.options();
   // the carried gradients, of the state after step t
   std::vector<Tensor> gh(q.L), gc(q.L);
@@ -1181,80 +1272,81 @@ tensor_list sequence_backward(const Seq& q, const Dims& d, const Tensor& x, cons
   }
   std::vector<Tensor> g_gi(q.L), g_gh(q.L);
   for (int64_t l = 0; l < q.L; ++l) {
-    g_gi[l] = at::empty({q.T, B, q.G}, o);
-    g_gh[l] = q.lstm ? g_gi[l] : at::empty({q.T, B, q.G}, o);
+    g_gi[l] = at::empty({q.T, B, G}, o);
+    g_gh[l] = q.lstm ? g_gi[l] : at::empty({q.T, B, G}, o);
   }
   const Tensor g_xi = at::empty({q.T, B, d.I}, o);
   const Tensor g_x = at::empty({q.T, B, X}, o);
-  const Tensor g_hidden = at::empty({B, LH}, o);
-  std::vector<Tensor> g_above(q.L);  // of h^l through layer l + 1's input
-  // Each step's buffers, allocated once: the memory step's output gradients (of the read vectors
-  // with the loop's own), the input gradients it writes (swapped with gm after the step), the
-  // carried controller gradients' next values (swapped likewise), χ_t's gradient.
-  Tensor g_rv = at::empty_like(gm[6]);
+  // Each step's buffers, allocated once: the memory step's input gradients (swapped with gm
+  // after the step), the carried controller gradients' next values (swapped likewise), the
+  // gradients of the read vectors with the loop's own, of the hiddens, of χ_t, of each layer's
+  // input rows.
   tensor_list spare(7);
   for (int64_t k = 0; k < 7; ++k) spare[k] = at::empty_like(gm[k]);
-  std::vector<Tensor> gh_spare(q.L), gc_spare(q.L), g_in(q.L);
+  std::vector<Tensor> gh_spare(q.L), gc_spare(q.L);
+  std::vector<std::vector<T>> g_in(q.L);
   for (int64_t l = 0; l < q.L; ++l) {
     gh_spare[l] = at::empty({B, H}, o);
     if (q.lstm) gc_spare[l] = at::empty({B, H}, o);
-    g_in[l] = at::empty({B, q.in(l) + RW}, o);  // of the layer's input rows
+    g_in[l].resize(B * (q.in(l) + RW));
   }
-  const Tensor g_chi = at::empty({B, X + RW}, o);
+  std::vector<T> g_rv(B * RW), g_hidden(B * LH), g_chi(B * width);
+  const T* w_xi = w[4 * q.L].data_ptr<T>();
+  const int64_t* len = lengths.numel() ? lengths.data_ptr<int64_t>() : nullptr;
+  std::vector<uint8_t> done(B), active(B);
   for (int64_t t = q.T - 1; t >= 0; --t) {
-    const std::vector<uint8_t> done = finished_at(lengths, t, B);
-    std::vector<uint8_t> active(B);
+    const bool some_done = finished_at(len, t, done);
     for (int64_t b = 0; b < B; ++b) active[b] = !done[b];
-    const bool some_done = any(done);
     // the memory step (finished rows skipped: their state is carried)
-    tensor_list gout = gm;
+    const Fields<T> gstate = fields_in<T>(gm);
+    Fields<T> gout = gstate;
     if (g_reads.defined()) {
-      at::add_out(g_rv, gm[6], g_reads[t].view({B, d.R, d.W}));
-      gout[6] = g_rv;
+      const T* gr = row<T>(g_reads, t);
+      for (int64_t i = 0; i < B * RW; ++i) g_rv[i] = gstate[6][i] + gr[i];
+      gout[6] = g_rv.data();
     }
-    tensor_list gin = {g_xi[t]};
-    for (int64_t k = 0; k < 6; ++k) gin.push_back(spare[k]);
-    backward_into(d, memory_inputs(d, buf, buf.xi[t], t), memory_outputs(d, buf, t + 1),
-                  buf.slabs[t], buf.orders[t], gout, gin, some_done ? active.data() : nullptr);
+    const Fields<T> gin = fields_in<T>(spare);
+    T* gxi = row<T>(g_xi, t);
+    backward_into<T>(d, B, row<T>(buf.xi, t), state_at<T>(buf, t), state_at<T>(buf, t + 1),
+                     row<T>(buf.slabs, t), row<int64_t>(buf.orders, t), gout, gxi, gin,
+                     some_done ? active.data() : nullptr);
     if (some_done) {
-      for (int64_t k = 0; k < 6; ++k) copy_rows(gin[k + 1], gm[k], done);
+      for (int64_t k = 0; k < 6; ++k) copy_rows(gin[k], gstate[k], size[k], done);
     }
     // the controller, top layer first
     if (g_hiddens.defined()) {
-      g_hidden.copy_(g_hiddens[t]);
+      const T* gy = row<T>(g_hiddens, t);
+      std::copy(gy, gy + B * LH, g_hidden.data());
     } else {
-      g_hidden.zero_();
+      std::fill(g_hidden.begin(), g_hidden.end(), T(0));
     }
-    g_hidden.addmm_(g_xi[t], w[4 * q.L]);
-    if (some_done) {  // a finished example's outputs were zeros
-      for (int64_t b = 0; b < B; ++b) {
-        if (done[b]) g_hidden[b].zero_();
-      }
+    gemm<T>(false, B, LH, d.I, gxi, d.I, w_xi, LH, T(1), g_hidden.data(), LH);
+    for (int64_t b = 0; b < B; ++b) {  // a finished example's outputs were zeros
+      if (done[b]) std::fill(g_hidden.begin() + b * LH, g_hidden.begin() + (b + 1) * LH, T(0));
     }
-    g_chi.zero_();
-    std::vector<Tensor>& gh_prev = gh_spare;
-    std::vector<Tensor>& gc_prev = gc_spare;
+    std::fill(g_chi.begin(), g_chi.end(), T(0));
+    const T* g_above = nullptr;  // of h^l through layer l + 1's input, rows of above_stride
+    int64_t above_stride = 0;
     for (int64_t l = q.L - 1; l >= 0; --l) {
-      const T* gh_out = g_hidden.data_ptr<T>();
+      const int64_t columns = q.in(l) + RW;
+      const T* gh_out = g_hidden.data();
       const T* ghc = gh[l].data_ptr<T>();
-      const T* gab = g_above[l].defined() ? g_above[l].data_ptr<T>() : nullptr;
-      const T* acts = buf.acts[l][t].data_ptr<T>();
-      const T* pre = buf.pre[l][t].data_ptr<T>();
-      const T* hp = buf.h[l][t].data_ptr<T>();
-      T* gi = g_gi[l][t].data_ptr<T>();
-      T* ghh = g_gh[l][t].data_ptr<T>();
-      const Tensor& direct = gh_prev[l];  // of h_{t−1} not through W_hh (GRU's z ∘ h)
-      T* dh = direct.data_ptr<T>();
+      const T* acts = row<T>(buf.acts[l], t);
+      const T* pre = row<T>(buf.pre[l], t);
+      const T* hp = row<T>(buf.h[l], t);
+      T* gi = row<T>(g_gi[l], t);
+      T* ghh = row<T>(g_gh[l], t);
+      T* dh = gh_spare[l].data_ptr<T>();  // of h_{t−1} not through W_hh (GRU's z ∘ h)
       const T* gcc = q.lstm ? gc[l].data_ptr<T>() : nullptr;
-      const T* cp = q.lstm ? buf.c[l][t].data_ptr<T>() : nullptr;
-      T* gcp = q.lstm ? gc_prev[l].data_ptr<T>() : nullptr;
+      const T* cp = q.lstm ? row<T>(buf.c[l], t) : nullptr;
+      T* gcp = q.lstm ? gc_spare[l].data_ptr<T>() : nullptr;
       for (int64_t b = 0; b < B; ++b) {
         const bool on = active[b];
         const T* ar = acts + b * 4 * H;
         const T* pr = pre + b * 2 * H;
         for (int64_t j = 0; j < H; ++j) {
           T g = gh_out[b * LH + l * H + j] + (on ? ghc[b * H + j] : T(0));
-          if (gab) g += gab[b * H + j];
+          if (g_above) g += g_above[b * above_stride + j];
           if (q.lstm) {
             const T i = ar[j], f = ar[H + j], gg = ar[2 * H + j], og = ar[3 * H + j];
             const T c = pr[j], h = pr[H + j];
@@ -1262,7 +1354,7 @@ tensor_list sequence_backward(const Seq& q, const Dims& d, const Tensor& x, cons
             const T tc = tanh_of(c);
             T gc_pre = on && inside(c, q.clip) ? gcc[b * H + j] : T(0);
             gc_pre += gh_pre * og * (T(1) - tc * tc);
-            T* gr = gi + b * q.G;
+            T* gr = gi + b * G;
             gr[j] = gc_pre * gg * i * (T(1) - i);
             gr[H + j] = gc_pre * cp[b * H + j] * f * (T(1) - f);
             gr[2 * H + j] = gc_pre * i * (T(1) - gg * gg);
@@ -1275,8 +1367,8 @@ tensor_list sequence_backward(const Seq& q, const Dims& d, const Tensor& x, cons
             const T g_npre = gh_pre * (T(1) - z) * (T(1) - n * n);
             const T g_rpre = g_npre * hn * r * (T(1) - r);
             const T g_zpre = gh_pre * (hp[b * H + j] - n) * z * (T(1) - z);
-            T* xr = gi + b * q.G;
-            T* hr = ghh + b * q.G;
+            T* xr = gi + b * G;
+            T* hr = ghh + b * G;
             xr[j] = hr[j] = g_rpre;
             xr[H + j] = hr[H + j] = g_zpre;
             xr[2 * H + j] = g_npre;
@@ -1285,25 +1377,32 @@ tensor_list sequence_backward(const Seq& q, const Dims& d, const Tensor& x, cons
           }
         }
       }
-      at::mm_out(g_in[l], g_gi[l][t], w[4 * l]);
-      gh_prev[l].addmm_(g_gh[l][t], w[4 * l + 1]);
-      g_chi.add_(g_in[l].narrow(1, 0, X + RW));
-      if (l > 0) g_above[l - 1] = g_in[l].narrow(1, X + RW, H).contiguous();
+      T* g_rows = g_in[l].data();  // of the layer's input rows [χ_t ; h^{l−1}_t]
+      gemm<T>(false, B, columns, G, gi, G, w[4 * l].data_ptr<T>(), columns, T(0), g_rows, columns);
+      gemm<T>(false, B, H, G, ghh, G, w[4 * l + 1].data_ptr<T>(), H, T(1), dh, H);
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t c = 0; c < width; ++c) g_chi[b * width + c] += g_rows[b * columns + c];
+      }
+      g_above = g_rows + width;
+      above_stride = columns;
     }
-    g_x[t].copy_(g_chi.narrow(1, 0, X));
-    Tensor g_rv_prev = spare[6];
-    g_rv_prev.view({B, RW}).copy_(g_chi.narrow(1, X, RW));
+    T* gx = row<T>(g_x, t);
+    T* g_rv_prev = spare[6].data_ptr<T>();
+    for (int64_t b = 0; b < B; ++b) {
+      std::copy(g_chi.begin() + b * width, g_chi.begin() + b * width + X, gx + b * X);
+      std::copy(g_chi.begin() + b * width + X, g_chi.begin() + (b + 1) * width,
+                g_rv_prev + b * RW);
+    }
     if (some_done) {
-      add_rows<T>(g_rv_prev, gm[6], done);
+      add_rows(g_rv_prev, gstate[6], RW, done);
       for (int64_t l = 0; l < q.L; ++l) {
-        add_rows<T>(gh_prev[l], gh[l], done);
-        if (q.lstm) add_rows<T>(gc_prev[l], gc[l], done);
+        add_rows(gh_spare[l].data_ptr<T>(), gh[l].data_ptr<T>(), H, done);
+        if (q.lstm) add_rows(gc_spare[l].data_ptr<T>(), gc[l].data_ptr<T>(), H, done);
       }
     }
     for (int64_t l = 0; l < q.L; ++l) {
-      std::swap(gh[l], gh_prev[l]);
-      if (q.lstm) std::swap(gc[l], gc_prev[l]);
-      g_above[l] = Tensor();
+      std::swap(gh[l], gh_spare[l]);
+      if (q.lstm) std::swap(gc[l], gc_spare[l]);
     }
     for (int64_t k = 0; k < 7; ++k) std::swap(gm[k], spare[k]);
   }
@@ -1316,7 +1415,7 @@ tensor_list sequence_backward(const Seq& q, const Dims& d, const Tensor& x, cons
   for (int64_t k = 0; k < 7; ++k) out.push_back(buf.mem[k].numel() ? gm[k] : Tensor());
   const int64_t TB = q.T * B;
   for (int64_t l = 0; l < q.L; ++l) {
-    const Tensor gi = g_gi[l].view({TB, q.G}), ghh = g_gh[l].view({TB, q.G});
+    const Tensor gi = g_gi[l].view({TB, G}), ghh = g_gh[l].view({TB, G});
     out.push_back(at::mm(gi.t(), buf.xin[l].view({TB, -1})));
     out.push_back(at::mm(ghh.t(), buf.h[l].narrow(0, 0, q.T).reshape({TB, H})));
     out.push_back(gi.sum(0));
@@ -1558,9 +1657,13 @@ tensor_list sequence(const Tensor& x, const std::optional<Tensor>& lengths, at::
                          interface_clip, eps);
 }
 
+// Whether the sequence's GEMMs call MKL directly (else through ATen).
+bool direct_gemm() { return blas_gemm<float>() != nullptr && blas_gemm<double>() != nullptr; }
+
 }  // namespace
 
 TORCH_LIBRARY(relmem_dnc, m) {
+  m.def("direct_gemm() -> bool", &direct_gemm);
   m.def(
       "memory_step(Tensor interface, Tensor memory, Tensor usage, Tensor link, Tensor precedence, "
       "Tensor read_weights, Tensor write_weights, int[] offsets, bool deepmind, "
