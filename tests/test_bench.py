@@ -79,6 +79,8 @@ def test_bench_writes_json_with_every_implementation(tmp_path: Path) -> None:
     (path,) = tmp_path.glob("bench-cpu-*.json")
     payload = json.loads(path.read_text())
     assert payload["machine"]["torch_threads"] >= 1 and payload["machine"]["cpu"]
+    expected = "kept" if sys.platform.startswith("linux") else "default"
+    assert payload["machine"]["freed_memory"].startswith(expected)
     records = {r["implementation"]: r for r in payload["results"]}
     assert set(records) == {"reference", "fast", "fused", "lstm-params", "lstm-width", FLOOR}
     for record in records.values():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import statistics
 import sys
 import time
@@ -20,6 +22,37 @@ def _final_tensors(final: Any) -> list[Tensor]:
     if isinstance(final, (tuple, list)):
         return [t for part in final for t in _final_tensors(part)]
     return []
+
+
+# glibc's mallopt parameters and the largest mmap threshold it takes on a 64-bit machine
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX = -1, -3, 32 * 1024 * 1024
+
+
+def keep_freed_memory() -> str:
+    """Ask glibc's malloc to keep the memory a pass frees for the next pass (no trimming of the
+    heap, blocks up to 32 MB from the heap instead of their own mappings), and say what was done.
+
+    Implementations are timed round-robin in one process. With glibc's defaults, a pass that
+    frees a lot (``pytorch-dnc``'s) hands the memory back to the system, and the next
+    implementation's pass page-faults its buffers in again: at the DNC's ``copy`` sizes that
+    made the fused path's pass 14 ms after one of ``pytorch-dnc``'s against 10 ms after its own
+    (``docs/performance.md`` §7.7). A training process runs one model and keeps its memory (the
+    ``copy`` preset's 3,000 steps took 30-33 s with these settings and without), so the bench
+    times each implementation as it runs there.
+
+    Returns:
+        ``'kept'``, or why not (not glibc).
+    """
+    if not sys.platform.startswith("linux"):
+        return f"default ({sys.platform}: not glibc)"
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return "default (no glibc mallopt)"
+    trimmed = mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(2**31 - 1))
+    mapped = mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(_MMAP_THRESHOLD_MAX))
+    return "kept" if trimmed and mapped else "default (mallopt refused)"
 
 
 def timed_passes(module: nn.Module, inputs: Tensor) -> dict[str, Callable[[], None]]:

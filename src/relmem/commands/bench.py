@@ -31,7 +31,9 @@ backward of ``output.sum() + final_state.sum()``: ``--warmup`` untimed runs, the
 timed runs taken round-robin over the implementations (so a busy spell of a shared machine hits
 all of them), median reported (and min/max). Throughput is time steps × batch per second. Peak
 memory is the CUDA allocator's peak on CUDA; on the CPU it is the bytes autograd saves for the
-backward pass (the activation memory), counted with ``saved_tensors_hooks``.
+backward pass (the activation memory), counted with ``saved_tensors_hooks``. On the CPU the
+process keeps the memory a pass frees for the next (:func:`relmem.benchmarking.timing.
+keep_freed_memory`), so one implementation's frees do not cost the next one page faults.
 
 Results go to ``benchmarks/results/bench-<device>-<UTC time>.json`` with machine information
 (CPU or GPU name, core count, load average, torch/CUDA versions, git SHA);
@@ -62,6 +64,7 @@ from relmem.benchmarking.dnc import (
 from relmem.benchmarking.port import file_sha256, load_port_class
 from relmem.benchmarking.report import prepare_out_dir, progress_header, summary, write_results
 from relmem.benchmarking.runner import run_config
+from relmem.benchmarking.timing import keep_freed_memory
 from relmem.env_info import machine_info
 from relmem.validation import check_at_least
 
@@ -220,6 +223,8 @@ def main(argv: list[str]) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     info = machine_info(device)
+    if device.type == "cpu":
+        info["freed_memory"] = keep_freed_memory()
     print(
         f"# {info.get('gpu', info['cpu'])} | torch {info['torch']} | "
         f"threads {info['torch_threads']} | load {info['load_average']}"
