@@ -804,15 +804,14 @@ std::array<int64_t, 7> field_sizes(const Dims& d) {
   return {d.N * d.W, d.N, d.Wh * d.N * d.N, d.Wh * d.N, d.R * d.N, d.Wh * d.N, d.R * d.W};
 }
 
+// The fields of t[first], t[first + 1], … (up to seven; null where the list ends or a tensor
+// is undefined or empty, as the link's fields are without a link).
 template <typename T>
-Fields<T> fields_of(const Dims& d, const tensor_list& t, int64_t first) {
+Fields<T> fields_of(const tensor_list& t, int64_t first = 0) {
   Fields<T> f{};
-  for (int64_t k = 0; k < 7; ++k) {
-    const bool linked = k != 2 && k != 3;
-    if (first + k < int64_t(t.size()) && (linked || d.link) && t[first + k].defined() &&
-        t[first + k].numel() > 0) {
-      f[k] = t[first + k].data_ptr<T>();
-    }
+  for (int64_t k = 0; k < 7 && first + k < int64_t(t.size()); ++k) {
+    const Tensor& x = t[first + k];
+    if (x.defined() && x.numel() > 0) f[k] = x.data_ptr<T>();
   }
   return f;
 }
@@ -869,8 +868,8 @@ tensor_list run_forward(const Dims& d, const tensor_list& t, const Tensor& slabs
   tensor_list out = allocate_outputs(d, t[0].size(0), t[0].options());
   AT_DISPATCH_FLOATING_TYPES(t[0].scalar_type(), "relmem_dnc_memory_step", [&] {
     using T = scalar_t;
-    forward_into<T>(d, t[0].size(0), t[0].data_ptr<T>(), fields_of<T>(d, t, 1),
-                    fields_of<T>(d, out, 0), slabs.defined() ? slabs.data_ptr<T>() : nullptr,
+    forward_into<T>(d, t[0].size(0), t[0].data_ptr<T>(), fields_of<T>(t, 1),
+                    fields_of<T>(out), slabs.defined() ? slabs.data_ptr<T>() : nullptr,
                     orders.defined() ? orders.data_ptr<int64_t>() : nullptr);
   });
   return out;
@@ -903,8 +902,8 @@ void backward_into(const Dims& d, int64_t B, const T* xi, const Fields<T>& in,
       s.order = const_cast<int64_t*>(orders) + b * WhN;
       place_outputs(d, s, out, b);
       auto g = [&](int64_t k) -> const T* { return gout[k] ? gout[k] + b * sz[k] : nullptr; };
-      Grads<T> grads{g(0), g(1), d.link ? g(2) : nullptr, d.link ? g(3) : nullptr, g(4), g(5),
-                     g(6), gi[0], gi[1], gi[2], gi[3], gi[4], gi[5],
+      Grads<T> grads{g(0),  g(1),  g(2),  g(3),  g(4),  g(5),  g(6),
+                     gi[0], gi[1], gi[2], gi[3], gi[4], gi[5],
                      d.usage_write_grad ? gi[6] : nullptr};
       step_backward(d, inputs_of(d, xi, in, b), s, grads, work);
       if (!d.usage_write_grad) std::fill(gi[6], gi[6] + sz[5], T(0));
@@ -922,9 +921,9 @@ tensor_list run_backward(const Dims& d, const tensor_list& t, const tensor_list&
   }
   AT_DISPATCH_FLOATING_TYPES(t[0].scalar_type(), "relmem_dnc_memory_step_backward", [&] {
     using T = scalar_t;
-    backward_into<T>(d, t[0].size(0), t[0].data_ptr<T>(), fields_of<T>(d, t, 1),
-                     fields_of<T>(d, out, 0), slabs.data_ptr<T>(), orders.data_ptr<int64_t>(),
-                     fields_of<T>(d, gout, 0), gin[0].data_ptr<T>(), fields_of<T>(d, gin, 1),
+    backward_into<T>(d, t[0].size(0), t[0].data_ptr<T>(), fields_of<T>(t, 1),
+                     fields_of<T>(out), slabs.data_ptr<T>(), orders.data_ptr<int64_t>(),
+                     fields_of<T>(gout), gin[0].data_ptr<T>(), fields_of<T>(gin, 1),
                      nullptr);
   });
   if (!d.link) gin[3] = gin[4] = Tensor();
@@ -1072,16 +1071,6 @@ Fields<T> state_at(const Buffers& buf, int64_t s) {
   Fields<T> f{};
   for (int64_t k = 0; k < 7; ++k) {
     if (buf.mem[k].numel()) f[k] = row<T>(buf.mem[k], s);
-  }
-  return f;
-}
-
-// The seven fields of a list of [B, …] tensors (null where empty).
-template <typename T>
-Fields<T> fields_in(const tensor_list& t) {
-  Fields<T> f{};
-  for (int64_t k = 0; k < 7; ++k) {
-    if (t[k].numel()) f[k] = t[k].data_ptr<T>();
   }
   return f;
 }
@@ -1298,14 +1287,14 @@ tensor_list sequence_backward(const Seq& q, const Dims& d, const Tensor& x, cons
     const bool some_done = finished_at(len, t, done);
     for (int64_t b = 0; b < B; ++b) active[b] = !done[b];
     // the memory step (finished rows skipped: their state is carried)
-    const Fields<T> gstate = fields_in<T>(gm);
+    const Fields<T> gstate = fields_of<T>(gm);
     Fields<T> gout = gstate;
     if (g_reads.defined()) {
       const T* gr = row<T>(g_reads, t);
       for (int64_t i = 0; i < B * RW; ++i) g_rv[i] = gstate[6][i] + gr[i];
       gout[6] = g_rv.data();
     }
-    const Fields<T> gin = fields_in<T>(spare);
+    const Fields<T> gin = fields_of<T>(spare);
     T* gxi = row<T>(g_xi, t);
     backward_into<T>(d, B, row<T>(buf.xi, t), state_at<T>(buf, t), state_at<T>(buf, t + 1),
                      row<T>(buf.slabs, t), row<int64_t>(buf.orders, t), gout, gxi, gin,
