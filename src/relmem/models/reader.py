@@ -88,6 +88,9 @@ class ReaderOptions:
         bidirectional_controller: the memory controller's GRU has a backward direction that
             feeds its output (never the memory's interface: only the forward GRU writes).
         dropout: on the embeddings and every recurrent layer's input.
+        dense_connections: every dense block's self-attention reads ``[r_t; p_t]``, the GRU's
+            output beside its input (MemoReader's dense connection); False: ``r_t`` alone
+            (the ablation), the blocks 4h wide instead of 6h.
         max_answer_tokens: the longest span the reader predicts.
         no_answer: score "no answer" (data with unanswerable questions).
         freeze_words: keep the word vectors fixed (pretrained ones, as the paper).
@@ -119,6 +122,7 @@ class ReaderOptions:
     memory_layers: int = 1
     bidirectional_controller: bool = True
     dropout: float = 0.2
+    dense_connections: bool = True
     max_answer_tokens: int = 17
     no_answer: bool = False
     freeze_words: bool = False
@@ -262,22 +266,29 @@ def _attend(g: Tensor, mask: Tensor, score: Callable[[Tensor, Tensor], Tensor]) 
 
 class DenseBlock(nn.Module):
     """MemoReader's dense encoder block: ``x [B, T, X] -> [B, T, 6h]``, ``[r_t; q_t]`` with
-    ``p_t = ReLU(W x_t)`` (2h), ``r_t = BiGRU(p)_t`` (2h), ``g_t = [r_t; p_t]`` and ``q_t``
-    the windowed trilinear self-attention over ``g`` (4h)."""
+    ``p_t = ReLU(W x_t)`` (2h), ``r_t = BiGRU(p)_t`` (2h), the dense connection
+    ``g_t = [r_t; p_t]`` and ``q_t`` the windowed trilinear self-attention over ``g`` (4h).
 
-    def __init__(self, input_size: int, hidden: int, window: int, dropout: float) -> None:
+    With ``dense`` False (the ablation of ``--task.no-dense-connections``), ``g_t = r_t``: the
+    attention sees the GRU's output alone and the block emits ``[B, T, 4h]``."""
+
+    def __init__(
+        self, input_size: int, hidden: int, window: int, dropout: float, dense: bool = True
+    ) -> None:
         super().__init__()
         self.project = nn.Linear(input_size, 2 * hidden)
         self.rnn = _BiGRU(2 * hidden, hidden, dropout)
-        self.score = Trilinear(4 * hidden)
+        self.dense = dense
+        attended = 4 * hidden if dense else 2 * hidden
+        self.score = Trilinear(attended)
         self.window = window
-        self.output_size = 6 * hidden
+        self.output_size = 2 * hidden + attended
 
     def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
         mask = _lengths_mask(lengths, x.shape[1])
         p = F.relu(self.project(x)) * mask.unsqueeze(-1).to(x.dtype)
         r = self.rnn(p, lengths)
-        g = torch.cat([r, p], dim=-1)
+        g = torch.cat([r, p], dim=-1) if self.dense else r
         q = windowed_self_attention(g, mask, self.window, self.score)
         return torch.cat([r, q], dim=-1)
 
@@ -304,9 +315,11 @@ class _PreEncoder(nn.Module):
     """A dense block projected back to the document's width, for a memory layer's
     ``pre_encoder`` (which passes no lengths: they are set on the module before each call)."""
 
-    def __init__(self, size: int, hidden: int, window: int, dropout: float) -> None:
+    def __init__(self, size: int, o: ReaderOptions) -> None:
         super().__init__()
-        self.block = DenseBlock(size, hidden, window, dropout)
+        self.block = DenseBlock(
+            size, o.hidden_size, o.attention_window, o.dropout, o.dense_connections
+        )
         self.out = nn.Linear(self.block.output_size, size)
         self.lengths: Tensor | None = None
 
@@ -321,7 +334,7 @@ class DNCMemory(nn.Module):
 
     def __init__(self, size: int, o: ReaderOptions, config: Any) -> None:
         super().__init__()
-        self.pre = _PreEncoder(size, o.hidden_size, o.attention_window, o.dropout)
+        self.pre = _PreEncoder(size, o)
         self.layer = MemoryControllerLayer(
             size,
             memory_slots=config.memory_size,
@@ -346,7 +359,7 @@ class CoreMemory(nn.Module):
 
     def __init__(self, size: int, o: ReaderOptions, core: nn.Module) -> None:
         super().__init__()
-        self.pre = _PreEncoder(size, o.hidden_size, o.attention_window, o.dropout)
+        self.pre = _PreEncoder(size, o)
         self.core = core
         self.out = nn.Linear(core.output_size, size)
 
@@ -405,7 +418,9 @@ class Reader(nn.Module):
         self.options = o
         h = o.hidden_size
         self.embed = TokenEmbedding(o)
-        self.encode = DenseBlock(self.embed.output_size, h, o.attention_window, o.dropout)
+        self.encode = DenseBlock(
+            self.embed.output_size, h, o.attention_window, o.dropout, o.dense_connections
+        )
         self.attend = CoAttention(self.encode.output_size, 2 * h)
         self.memory = nn.ModuleList(memory)
         self.head = SpanHead(2 * h, h, o.dropout, o.no_answer)

@@ -126,6 +126,9 @@ class ReadingConfig:
         bidirectional_controller: the memory controller's GRU also reads backwards, feeding
             its output only (the forward GRU alone writes the memory).
         dropout: on the embeddings and every recurrent layer's input.
+        dense_connections: each dense block's self-attention reads the GRU's input beside its
+            output (MemoReader's dense connection, ``g_t = [r_t; p_t]``);
+            ``--task.no-dense-connections`` drops it (``g_t = r_t``), the paper's ablation.
         length_buckets: context-length boundaries (tokens) of the by-length breakdown.
     """
 
@@ -159,6 +162,7 @@ class ReadingConfig:
     memory_layers: int = ReaderOptions.memory_layers
     bidirectional_controller: bool = ReaderOptions.bidirectional_controller
     dropout: float = ReaderOptions.dropout
+    dense_connections: bool = ReaderOptions.dense_connections
     length_buckets: tuple[int, ...] = (100, 150, 200, 300)
 
     def __post_init__(self) -> None:
@@ -231,6 +235,7 @@ class ReadingConfig:
             memory_layers=self.memory_layers,
             bidirectional_controller=self.bidirectional_controller,
             dropout=self.dropout,
+            dense_connections=self.dense_connections,
             max_answer_tokens=self.max_answer_tokens,
             no_answer=no_answer,
             windows=self.reading == "windows",
