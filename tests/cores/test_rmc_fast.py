@@ -418,7 +418,7 @@ def _check_cell(case: str, implementation: str) -> None:
         _assert_close("param grad", got, want, 1e-10)
 
 
-def test_auto_is_fast_and_details_use_reference() -> None:
+def test_auto_is_the_default_and_details_use_reference() -> None:
     core = RelationalMemory(**BASE)
     assert core.implementation == "auto" and core.cell.implementation == "auto"
     out, state, details = core.cell(torch.randn(2, 5), return_details=True)

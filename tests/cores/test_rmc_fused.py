@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -278,6 +279,54 @@ def test_prefer_fused_keeps_the_fast_path_when_the_build_fails(
     assert note is not None and note.startswith("the RMC runs the fast path")
     assert "c++: not found" in note
     assert core.implementation == "auto"
+
+
+def _fused_ran(module: torch.nn.Module, inputs: torch.Tensor) -> bool:
+    """Whether ``module(inputs)``, forward and backward, called the fused ``sequence``
+    operator."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        output, state = module(inputs)
+        (output.float().sum() + state.memory.float().sum()).backward()
+    return "relmem_fused::sequence" in {event.key for event in prof.key_averages()}
+
+
+def test_auto_runs_the_fused_operators_where_they_run() -> None:
+    """'auto' (the default) takes the fused step on float32 and float64 CPU input, the
+    sequence and the cell alike, and the fast path, without a word, where the operators do not
+    run: half precision, CPU autocast, and while torch.compile traces (fullgraph=True compiles
+    the fast path whole)."""
+    core = RelationalMemory(5, 3, 4, num_heads=2)
+    assert core.implementation == "auto"
+    inputs = torch.randn(3, 2, 5, requires_grad=True)
+    for dtype in (torch.float32, torch.float64):
+        core, x = core.to(dtype), inputs.to(dtype)
+        assert _fused_ran(core, x) and _fused_ran(core.cell, x[0])
+    core, x = core.float(), inputs.float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not _fused_ran(core, x)
+    half = RelationalMemory(5, 3, 4, num_heads=2).to(torch.bfloat16)
+    assert not _fused_ran(half, x.detach().to(torch.bfloat16))
+    torch._dynamo.reset()
+    output, final = torch.compile(core, fullgraph=True)(x)
+    want, want_final = core(x)
+    torch.testing.assert_close(output, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(final.memory, want_final.memory, rtol=1e-5, atol=1e-6)
+
+
+def test_auto_runs_the_fast_path_when_the_build_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed build leaves 'auto' on the fast path with one warning per process naming the
+    compiler's reason; the numbers are the fused step's up to rounding."""
+    core = RelationalMemory(5, 3, 4, num_heads=2)
+    inputs = torch.randn(3, 2, 5)
+    want, _ = core(inputs)
+    monkeypatch.setattr(fused_module, "_build_failure", lambda: "c++: not found")
+    monkeypatch.setattr(fused_module, "_SAID", set())
+    with pytest.warns(UserWarning, match=r"could not be built \(c\+\+: not found\).*fast path"):
+        output, _ = core(inputs)
+    torch.testing.assert_close(output, want, rtol=1e-5, atol=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not _fused_ran(core.cell, inputs[0])
 
 
 def test_fused_under_torch_compile() -> None:

@@ -25,12 +25,14 @@ with it over every option, forward and backward, states included.
 
 The operators are compiled on first use (:mod:`relmem.cores.extension`: a C++ compiler and
 ``ninja`` are needed; the build is cached per Python and torch version and installation). CPU
-only.
+only. ``implementation='auto'`` (the modules' default) runs them wherever they can run
+(:func:`auto_fused`) and the fast path elsewhere.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 from pathlib import Path
 
 import torch
@@ -70,42 +72,90 @@ def _build_failure() -> str | None:
     return extension.build(_NAME, _SOURCE, build_directory())
 
 
-def prepare_fused(rows: Tensor) -> SequenceFn:
-    """:func:`fused_sequence` for the input ``rows``, its operators loaded.
+def unfused_reason(rows: Tensor) -> str | None:
+    """Why the operators cannot run on the input ``rows``, with the way out, or None: input off
+    the CPU (they are CPU kernels), a dtype other than float32 and float64, or a CPU autocast
+    region. ``implementation='fast'`` runs all of these.
 
-    Raises:
-        ValueError: what the operators do not run, with the way out: input off the CPU (they
-            are CPU kernels), a dtype other than float32 and float64, a CPU autocast region, or
-            a graph being traced by ``torch.compile`` / ``torch.export`` (the operators have no
-            fake-tensor kernel; without ``fullgraph=True`` dynamo then runs this call and
-            :func:`fused_sequence` eagerly, between graphs). ``implementation='fast'`` runs all
-            of these.
-        RuntimeError: the operators could not be built (:func:`load_fused_ops`).
-    """
+    Tracing is the callers' own check: dynamo compiles each Python frame it
+    runs, so a frame that asks whether it is being compiled and returns the answer tells its
+    eager caller, after a graph break, that it is."""
     if rows.device.type != "cpu":
-        raise ValueError(
+        return (
             f"implementation='fused' runs on the CPU only, got input on {rows.device}; use "
             "implementation='fast' (or FastRelationalMemory's CUDA graphs) on a GPU"
         )
     if rows.dtype not in (torch.float32, torch.float64):
-        raise ValueError(
+        return (
             f"implementation='fused' runs float32 and float64, got {rows.dtype} input; use "
             "implementation='fast' for half precision"
         )
     if torch.is_autocast_enabled("cpu"):
-        raise ValueError(
+        return (
             "implementation='fused' does not run under CPU autocast (its operators are float32 "
             "and float64 kernels); use implementation='fast' there"
         )
-    if torch.compiler.is_compiling():
+    return None
+
+
+def prepare_fused(rows: Tensor) -> SequenceFn:
+    """:func:`fused_sequence` for the input ``rows``, its operators loaded.
+
+    Raises:
+        ValueError: the operators do not run on ``rows`` (:func:`unfused_reason`), or the call
+            is being traced by ``torch.compile`` / ``torch.export`` / ``torch.jit`` (the
+            operators have no fake-tensor kernel; without ``fullgraph=True`` dynamo then runs
+            this call and :func:`fused_sequence` eagerly, between graphs).
+        RuntimeError: the operators could not be built (:func:`load_fused_ops`).
+    """
+    reason = unfused_reason(rows)
+    if reason is not None:
+        raise ValueError(reason)
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
         raise ValueError(
-            "implementation='fused' cannot be traced by torch.compile or torch.export (its C++ "
-            "operators have no fake-tensor kernel; without fullgraph=True a compiled model runs "
-            "them between graphs); compile implementation='fast', which compiles with "
-            "fullgraph=True"
+            "implementation='fused' cannot be traced by torch.compile, torch.export or "
+            "torch.jit (its C++ operators have no fake-tensor kernel; without fullgraph=True a "
+            "compiled model runs them between graphs); compile implementation='fast', which "
+            "compiles with fullgraph=True"
         )
     load_fused_ops()
     return fused_sequence
+
+
+_SAID: set[str] = set()
+
+
+def auto_fused(rows: Tensor) -> SequenceFn | None:
+    """``implementation='auto'``'s step for ``rows``: :func:`fused_sequence` where the
+    operators run on them, building them on the first call; None (the fast path) elsewhere,
+    and where they could not be built, which is said once per process."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or unfused_reason(rows):
+        return None  # tracing, off the CPU, half precision, autocast: the fast path's ground
+    failure = _build_failure()
+    if failure is None:
+        return fused_sequence
+    if failure not in _SAID:
+        _SAID.add(failure)
+        warnings.warn(
+            f"the RMC's fused CPU step could not be built ({failure}); implementation='auto' "
+            "runs the fast path instead (the same arithmetic, slower on the CPU)",
+            stacklevel=4,
+        )
+    return None
+
+
+def step_for(implementation: str, rows: Tensor) -> SequenceFn | None:
+    """The sequence function a core with ``implementation`` ('auto', 'fast' or 'fused') runs on
+    the input ``rows``: :func:`fused_sequence`, or None for the fast path's own loop.
+
+    Raises:
+        ValueError, RuntimeError: ``'fused'`` cannot run there (:func:`prepare_fused`).
+    """
+    if implementation == "fused":
+        return prepare_fused(rows)
+    if implementation == "auto":
+        return auto_fused(rows)
+    return None
 
 
 # Opaque to torch.compile: without fullgraph, a compiled model runs it eagerly between graphs

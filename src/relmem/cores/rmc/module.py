@@ -5,8 +5,9 @@
 reference step of :mod:`relmem.cores.rmc.reference` or the fast path of
 :mod:`relmem.cores.rmc.fast`, and validate inputs and states. :class:`FastRelationalMemory`
 wraps a :class:`RelationalMemory` with the fast path's opt-in accelerations.
-:func:`prefer_fused` is the trainer's choice for cores left on ``'auto'``: the fused step on
-the CPU when its operators build.
+``'auto'`` runs the fused step where it can run (:func:`relmem.cores.rmc.fused.auto_fused`);
+:func:`prefer_fused` is the trainer's stricter choice for cores left on ``'auto'``: built before
+the first step, said in the log, and an error rather than the fast path if a step cannot run it.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from relmem.cores.rmc.fast import (
     fast_sequence,
     recurrent_step,
 )
-from relmem.cores.rmc.fused import load_fused_ops, prepare_fused
+from relmem.cores.rmc.fused import load_fused_ops, step_for
 from relmem.cores.rmc.reference import AttentionBlock, AttentionMLP, reference_step
 from relmem.validation import (
     allocation_errors,
@@ -130,9 +131,10 @@ class RelationalMemoryCell(nn.Module):
             function with the exact rewrites of ``docs/rmc.md`` §10 that apply to one step: E4,
             E5, E6, E7; see :mod:`relmem.cores.rmc.fast`), 'fused' (the fast step with its small
             ops joined in C++ operators, CPU only, compiled on first use; see
-            :mod:`relmem.cores.rmc.fused`) or 'auto' (default: 'fast', except for
-            ``return_details=True``, which needs every row's attention weights and always runs
-            the reference).
+            :mod:`relmem.cores.rmc.fused`) or 'auto' (default: 'fused' on float32 and float64
+            CPU input, built on the first call, 'fast' elsewhere and where the build fails;
+            ``return_details=True`` needs every row's attention weights and always runs the
+            reference).
         device, dtype: factory arguments for every parameter.
 
     Shapes:
@@ -424,9 +426,7 @@ class RelationalMemoryCell(nn.Module):
         if return_details or self.implementation == "reference":
             output, new_state, details = self.step(rows, state)
             return (output, new_state, details) if return_details else (output, new_state)
-        sequence_fn = None
-        if self.implementation == "fused":
-            sequence_fn = prepare_fused(rows)
+        sequence_fn = step_for(self.implementation, rows)
         return fast_cell_step(self.config, self.fast_weights(), rows, state, sequence_fn)
 
 
@@ -447,8 +447,10 @@ class RelationalMemory(nn.Module):
             the loop and the step rewritten with the exact equivalences of ``docs/rmc.md`` §10;
             every option is supported), 'fused' (the same in C++: each hoisting chunk of steps
             as one operator with its own backward, GEMMs included; CPU only, compiled on first
-            use, every option; :mod:`relmem.cores.rmc.fused`) or 'auto' (default; currently
-            always 'fast', which matches the reference to float rounding). bf16,
+            use, every option; :mod:`relmem.cores.rmc.fused`) or 'auto' (default: 'fused'
+            where it runs, float32 and float64 on the CPU outside autocast and tracing, built
+            on the first call, and 'fast' elsewhere; both match the reference to float
+            rounding). bf16,
             ``torch.compile`` and CUDA graphs are opt-in through :class:`FastRelationalMemory`.
         device, dtype: factory arguments for every parameter.
 
@@ -579,9 +581,7 @@ class RelationalMemory(nn.Module):
         cell = self.cell
         seq, rows, state = self.prepare(input, state, lengths)
         if self.implementation != "reference":
-            sequence_fn = None
-            if self.implementation == "fused":
-                sequence_fn = prepare_fused(rows)
+            sequence_fn = step_for(self.implementation, rows)
             weights = cell.fast_weights()
             outputs, final_state = fast_sequence(
                 cell.config, weights, rows, state, seq.lengths, sequence_fn=sequence_fn
@@ -755,10 +755,11 @@ class FastRelationalMemory(nn.Module):
 def prefer_fused(model: nn.Module, device: torch.device) -> str | None:
     """Run the RMC cores of ``model`` that are left on ``'auto'`` with the fused step, on the CPU.
 
-    ``'auto'`` means the fast path in a module, because the fused step compiles C++ on first
-    use and is refused under ``torch.compile``; a training run on the CPU, which neither
-    compiles nor leaves the CPU, takes the faster step when it can (``docs/performance.md``
-    §4.8). Cores given an explicit implementation, and every core off the CPU, are left alone.
+    ``'auto'`` already runs the fused step wherever it can, building it on the first call; a
+    training run on the CPU builds it before its first step, so that the log says how long that
+    took, or why the cores stay on the fast path, and then holds the cores to it
+    (``docs/performance.md`` §4.8). Cores given an explicit implementation, and every core off
+    the CPU, are left alone.
 
     Args:
         model: any module; its :class:`RelationalMemory` and :class:`RelationalMemoryCell`
