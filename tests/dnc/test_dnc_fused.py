@@ -23,6 +23,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 import relmem.cores.dnc.fused as fused_module
 from relmem import DNC, DNCCell, MemoryControllerLayer
+from relmem.cores import extension
 from relmem.cores.dnc.controller import Controller
 from relmem.cores.dnc.dnc import fused_recurrence, sequence_weights
 from relmem.cores.dnc.memory import DNCMemory, DNCMemoryState
@@ -315,7 +316,7 @@ def test_the_default_is_the_fused_step_on_the_cpu() -> None:
 def test_an_option_it_does_not_run_keeps_the_reference_and_says_so_once(
     option: dict, named: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fused_module, "_SAID", set())
+    monkeypatch.setattr(extension, "_SAID", set())
     memory = DNCMemory(None, 5, 3, **option, dtype=f64)
     reference = DNCMemory(None, 5, 3, **option, implementation="reference", dtype=f64)
     xi = torch.randn(2, memory.interface_size, dtype=f64)
@@ -333,7 +334,7 @@ def test_an_option_it_does_not_run_keeps_the_reference_and_says_so_once(
 def test_a_failed_build_falls_back_to_the_reference_with_one_warning(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(fused_module, "_SAID", set())
+    monkeypatch.setattr(extension, "_SAID", set())
     monkeypatch.setattr(fused_module, "_build_failure", lambda: "c++: not found")
     memory = DNCMemory(4, 6, 3)
     x = torch.randn(2, 4)

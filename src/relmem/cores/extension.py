@@ -29,6 +29,19 @@ BUILD_LOCK = "relmem-build.lock"
 TORCH_LOCK = "lock"
 
 
+_SAID: set[str] = set()
+
+
+def warn_once(message: str, stacklevel: int) -> None:
+    """``warnings.warn(message)`` the first time this process says ``message``, then never
+    again: a fused step that falls back says why once, not at every call. ``stacklevel``
+    counts from the caller of this function, as it would for ``warnings.warn`` there."""
+    if message in _SAID:
+        return
+    _SAID.add(message)
+    warnings.warn(message, stacklevel=stacklevel + 1)
+
+
 def build_directory(name: str, source: Path) -> Path:
     """Where library ``name`` is built and cached: under torch's extensions root, a folder per
     Python version, torch version (torch's own cache keys on the sources and flags, not on its

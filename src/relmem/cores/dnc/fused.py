@@ -20,7 +20,6 @@ every option, and gradchecks the operator alone.
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -88,15 +87,9 @@ def build_reason() -> str | None:
     return None if failure is None else f"the fused DNC memory step could not be built ({failure})"
 
 
-_SAID: set[str] = set()
-
-
 def say_once(reason: str) -> None:
     """Warn that the reference step runs, once per process and reason."""
-    if reason in _SAID:
-        return
-    _SAID.add(reason)
-    warnings.warn(f"{reason}; the reference step runs instead", stacklevel=4)
+    extension.warn_once(f"{reason}; the reference step runs instead", stacklevel=4)
 
 
 @torch.compiler.disable

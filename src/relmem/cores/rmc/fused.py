@@ -32,7 +32,6 @@ only. ``implementation='auto'`` (the modules' default) runs them wherever they c
 from __future__ import annotations
 
 import functools
-import warnings
 from pathlib import Path
 
 import torch
@@ -122,9 +121,6 @@ def prepare_fused(rows: Tensor) -> SequenceFn:
     return fused_sequence
 
 
-_SAID: set[str] = set()
-
-
 def auto_fused(rows: Tensor) -> SequenceFn | None:
     """``implementation='auto'``'s step for ``rows``: :func:`fused_sequence` where the
     operators run on them, building them on the first call; None (the fast path) elsewhere,
@@ -134,13 +130,11 @@ def auto_fused(rows: Tensor) -> SequenceFn | None:
     failure = _build_failure()
     if failure is None:
         return fused_sequence
-    if failure not in _SAID:
-        _SAID.add(failure)
-        warnings.warn(
-            f"the RMC's fused CPU step could not be built ({failure}); implementation='auto' "
-            "runs the fast path instead (the same arithmetic, slower on the CPU)",
-            stacklevel=4,
-        )
+    extension.warn_once(
+        f"the RMC's fused CPU step could not be built ({failure}); implementation='auto' "
+        "runs the fast path instead (the same arithmetic, slower on the CPU)",
+        stacklevel=4,
+    )
     return None
 
 
