@@ -816,19 +816,26 @@ Fields<T> fields_of(const tensor_list& t, int64_t first = 0) {
   return f;
 }
 
+// Example b's rows of the fields f, each `size[k]` values an example (null where f's is).
+template <typename T>
+Fields<T> rows_of(const Fields<T>& f, const std::array<int64_t, 7>& size, int64_t b) {
+  Fields<T> r{};
+  for (int64_t k = 0; k < 7; ++k) r[k] = f[k] ? f[k] + b * size[k] : nullptr;
+  return r;
+}
+
 template <typename T>
 Inputs<T> inputs_of(const Dims& d, const T* xi, const Fields<T>& in, int64_t b) {
-  const std::array<int64_t, 7> size = field_sizes(d);
-  auto at = [&](int64_t k) -> const T* { return in[k] ? in[k] + b * size[k] : nullptr; };
-  return {xi + b * d.I, at(0), at(1), at(2), at(3), at(4), at(5)};
+  const Fields<T> r = rows_of(in, field_sizes(d), b);
+  return {xi + b * d.I, r[0], r[1], r[2], r[3], r[4], r[5]};
 }
 
 // Point the scratch's output fields at example b's rows of the outputs.
 template <typename T>
 void place_outputs(const Dims& d, Scratch<T>& s, const Fields<T>& out, int64_t b) {
-  const std::array<int64_t, 7> size = field_sizes(d);
+  const Fields<T> r = rows_of(out, field_sizes(d), b);
   Span<T>* spans[7] = {&s.memory, &s.usage, &s.link, &s.prec, &s.rw, &s.ww, &s.rv};
-  for (int64_t k = 0; k < 7; ++k) spans[k]->p = out[k] ? out[k] + b * size[k] : nullptr;
+  for (int64_t k = 0; k < 7; ++k) spans[k]->p = r[k];
 }
 
 int64_t slab_size(const Dims& d) { return place<float>(d, nullptr, nullptr); }
@@ -889,8 +896,8 @@ void backward_into(const Dims& d, int64_t B, const T* xi, const Fields<T>& in,
     Work<T> work(d);
     Scratch<T> s;
     for (int64_t b = begin; b < end; ++b) {
-      T* gi[7] = {gxi + b * d.I};
-      for (int64_t k = 0; k < 6; ++k) gi[k + 1] = gin[k] ? gin[k] + b * sz[k] : nullptr;
+      const Fields<T> gr = rows_of(gin, sz, b);
+      T* gi[7] = {gxi + b * d.I, gr[0], gr[1], gr[2], gr[3], gr[4], gr[5]};
       if (active && !active[b]) {
         const int64_t sizes[7] = {d.I, sz[0], sz[1], sz[2], sz[3], sz[4], sz[5]};
         for (int64_t k = 0; k < 7; ++k) {
@@ -901,8 +908,8 @@ void backward_into(const Dims& d, int64_t B, const T* xi, const Fields<T>& in,
       place(d, &s, const_cast<T*>(slabs) + b * size);
       s.order = const_cast<int64_t*>(orders) + b * WhN;
       place_outputs(d, s, out, b);
-      auto g = [&](int64_t k) -> const T* { return gout[k] ? gout[k] + b * sz[k] : nullptr; };
-      Grads<T> grads{g(0),  g(1),  g(2),  g(3),  g(4),  g(5),  g(6),
+      const Fields<T> g = rows_of(gout, sz, b);
+      Grads<T> grads{g[0],  g[1],  g[2],  g[3],  g[4],  g[5],  g[6],
                      gi[0], gi[1], gi[2], gi[3], gi[4], gi[5],
                      d.usage_write_grad ? gi[6] : nullptr};
       step_backward(d, inputs_of(d, xi, in, b), s, grads, work);
