@@ -113,7 +113,7 @@ def test_training_rows_hold_their_own_paragraph_and_ranked_distractors_in_articl
     for row, i in enumerate(index.tolist()):
         question, read = squad.questions[i], task.contexts[TRAIN][i]
         members = squad.article_paragraphs()[squad.titles[question.paragraph]]
-        others = [p for p in ranked[i] if p != question.paragraph][:2]
+        others = [p for p in ranked[i].paragraphs if p != question.paragraph][:2]
         assert read == sorted([question.paragraph, *others]) and set(read) <= set(members)
         first, last = batch.targets[row, :2].tolist()
         assert encoded.answer_text(i, first, last, read)[0] == question.answers[0]
@@ -137,7 +137,7 @@ def test_held_out_rows_read_the_top_k_whether_or_not_their_own_is_among_them(
     task = build(articles_file, top_k=1)
     squad = task.held.squad
     missed = question_index(task, MISSED)
-    ranked = rank_in_articles(squad, [missed])[missed]
+    ranked = rank_in_articles(squad, [missed])[missed].paragraphs
     assert ranked[0] == 0 and squad.questions[missed].paragraph == 2  # the ranker misses it
     assert task.contexts[HELD_OUT][missed] == [0]
     assert task.contexts[TRAIN][missed] == [2]  # training reads its own (top_k 1: no other)
@@ -306,7 +306,7 @@ def test_rank_prior_rows_carry_each_paragraphs_rank_among_the_rows(
         assert not mine.inputs[:, :q, width].any()  # the question has no rank
         for row, i in enumerate(index.tolist()):
             read = task.contexts[split][i]
-            order = sorted(read, key=ranked[i].index)  # the row's paragraphs, best first
+            order = sorted(read, key=ranked[i].paragraphs.index)  # the row's paragraphs, best first
             assert task.ranks[split][i] == [order.index(p) + 1 for p in read]
             expected = []
             for k, p in enumerate(read):

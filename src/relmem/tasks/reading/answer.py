@@ -44,8 +44,10 @@ class Answer:
             :func:`~relmem.tasks.reading.ranking.split_paragraphs` of the context (-1 for
             none).
         line: the line of the context (from 1) on which it starts (0 for none).
-        score: the reader's start plus end score for it: comparable across the paragraphs of
-            one question, as the reader was trained with one softmax over a whole context.
+        score: the reader's start plus end score for it (comparable across the paragraphs of
+            one question, as the reader was trained with one softmax over a whole context),
+            plus its paragraph's ranker bonus: ``ranker_weight`` times the paragraph's BM25+
+            score less the best ranked one's (0 in the best ranked paragraph).
         alternatives: with ``top`` N, the N - 1 next best answers, best first: each another
             text, and no two overlapping in one paragraph.
     """
@@ -122,7 +124,8 @@ class AnswerReader:
             check_text(f"question {number}", question)
         parts = split_paragraphs(context)
         index = ParagraphIndex([p.text for p in parts])
-        chosen = [index.top(question, paragraphs) for question in asked]  # [questions][k]
+        ranked = [index.ranked(question, paragraphs) for question in asked]
+        chosen = [picked for picked, _ in ranked]  # [questions][k]
         read = sorted({i for picked in chosen for i in picked})  # paragraphs read, in order
         slot = {p: s for s, p in enumerate(read)}
         rows = [
@@ -163,24 +166,37 @@ class AnswerReader:
         for q, picked in enumerate(chosen):
             mine = range(first, first + len(picked))
             first += len(picked)
-            found = self._ranked(encoded, [logits[r] for r in mine], list(mine), top)
+            bonus = self._bonus(ranked[q][1])
+            found = self._ranked(encoded, [logits[r] for r in mine], list(mine), top, bonus)
             located = [self._located(a, asked[q], picked, parts, context) for a in found]
             answers.append(replace(located[0], alternatives=tuple(located[1:])))
         return answers[0] if isinstance(questions, str) else answers
 
+    def _bonus(self, scores: list[float]) -> list[float]:
+        """What the ranker adds to the score of each span of the paragraphs ``scores`` (their
+        BM25+ scores, best first) holds: ``ranker_weight`` times the score less the best's."""
+        return [self.config.ranker_weight * (s - scores[0]) for s in scores]
+
     def _ranked(
-        self, encoded: EncodedSplit, logits: list[Tensor], rows: list[int], top: int
+        self,
+        encoded: EncodedSplit,
+        logits: list[Tensor],
+        rows: list[int],
+        top: int,
+        bonus: list[float],
     ) -> list[tuple[int, int, int, float, float]]:
         """One question's ``top`` best answers from its paragraphs' ``logits [1 + T_r, 2]``
-        (rows ``rows`` of ``encoded``), best first: ``(r, start, end, score, probability)``,
-        ``r`` the position in ``rows`` (-1 -1 -1 for "no answer"), ``start, end`` character
-        offsets in that paragraph; texts distinct, spans of one paragraph disjoint."""
+        (rows ``rows`` of ``encoded``), each span's score with its paragraph's ``bonus``
+        (:meth:`_bonus`), best first: ``(r, start, end, score, probability)``, ``r`` the
+        position in ``rows`` (-1 -1 -1 for "no answer"), ``start, end`` character offsets in
+        that paragraph, ``probability`` the reader's own; texts distinct, spans of one
+        paragraph disjoint."""
         every = torch.cat(logits)  # [sum(1 + T_r), 2]: one softmax over all of them
         norm = torch.logsumexp(every, dim=0)  # [2]
         spans = []
         for r, row_logits in enumerate(logits):
             for i, j, score in top_spans(row_logits, self.config.max_answer_tokens, top):
-                spans.append((score, r, i, j))
+                spans.append((score + bonus[r], r, i, j))
         nulls = torch.stack([row[0].sum() for row in logits])  # [R]
         null_row = int(nulls.argmin())  # no answer only where every paragraph says so
         candidates = sorted(spans, key=lambda c: -c[0])

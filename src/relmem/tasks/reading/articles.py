@@ -14,14 +14,20 @@ shared normalisation).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
 
 from relmem.tasks.reading.ranking import ParagraphIndex
 from relmem.tasks.reading.squad import SquadFile
 
 __all__ = [
+    "Ranking",
     "check_articles",
     "held_out_paragraphs",
     "rank_in_articles",
+    "ranker_bonus",
     "ranks_in_row",
     "training_paragraphs",
 ]
@@ -50,20 +56,35 @@ def check_articles(squad: SquadFile, top_k: int) -> None:
         )
 
 
-def rank_in_articles(squad: SquadFile, questions: Iterable[int]) -> dict[int, list[int]]:
-    """Each question's article ranked against it: ``{question: paragraphs}``, the paragraphs
-    (indices into ``squad.contexts``) best first by BM25+, one index built per article. A
-    paragraph whose text repeats an earlier one's is left out, and a question's own paragraph
-    stands in the place of its twin (so that its gold span is read where the text is)."""
+class Ranking(NamedTuple):
+    """One question's article ranked against it.
+
+    Attributes:
+        paragraphs: the article's paragraphs (indices into ``SquadFile.contexts``), best first.
+        scores: their BM25+ scores for the question, in the same order (non-increasing).
+    """
+
+    paragraphs: list[int]
+    scores: list[float]
+
+
+def rank_in_articles(squad: SquadFile, questions: Iterable[int]) -> dict[int, Ranking]:
+    """Each question's article ranked against it by BM25+, one index built per article:
+    ``{question: Ranking}``. A paragraph whose text repeats an earlier one's is left out, and
+    a question's own paragraph stands in the place of its twin (so that its gold span is read
+    where the text is)."""
     members = squad.article_paragraphs()
-    ranked: dict[int, list[int]] = {}
+    ranked: dict[int, Ranking] = {}
     for title, mine in squad.questions_by_article(questions).items():
         paragraphs = members[title]
         index = ParagraphIndex([squad.contexts[p] for p in paragraphs])
         for i in mine:
             own = squad.questions[i].paragraph
-            order = (paragraphs[k] for k in index.top(squad.questions[i].text, 0))
-            ranked[i] = [own if squad.contexts[p] == squad.contexts[own] else p for p in order]
+            order, scores = index.ranked(squad.questions[i].text, 0)
+            read = (paragraphs[k] for k in order)
+            ranked[i] = Ranking(
+                [own if squad.contexts[p] == squad.contexts[own] else p for p in read], scores
+            )
     return ranked
 
 
@@ -106,3 +127,29 @@ def ranks_in_row(ranked: Sequence[int], paragraphs: Sequence[int]) -> list[int]:
     place = {p: k for k, p in enumerate(ranked)}
     order = sorted(paragraphs, key=place.__getitem__)
     return [order.index(p) + 1 for p in paragraphs]
+
+
+def ranker_bonus(segments: Tensor, scores: Sequence[Sequence[float]], weight: float) -> Tensor:
+    """What the ranker adds to the score of a span starting at each context token:
+    ``weight`` times the BM25+ score of the token's paragraph less the best of its row's, so
+    the best ranked paragraph read gains 0 and the others less (the log of the ranker's
+    probability ``softmax(weight * BM25+)`` over the row's paragraphs, up to a constant).
+
+    Args:
+        segments: ``[B, T]`` int64, each context token's paragraph in its row (-1 for padding
+            and gaps).
+        scores: per row, its paragraphs' BM25+ scores in row order.
+        weight: beta (0: nothing added).
+
+    Returns:
+        ``[B, T]`` float32, 0 on padding and gaps and in a one-paragraph row.
+    """
+    bonus = torch.zeros(segments.shape, dtype=torch.float32)
+    for row, mine in enumerate(scores):
+        if weight == 0 or len(mine) < 2:
+            continue
+        values = torch.tensor(mine, dtype=torch.float32)
+        values = weight * (values - values.max())  # [P]
+        inside = segments[row] >= 0
+        bonus[row, inside] = values[segments[row, inside].cpu()]
+    return bonus.to(segments.device)

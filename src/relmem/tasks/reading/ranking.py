@@ -17,7 +17,22 @@ from dataclasses import dataclass
 import numpy as np
 from rank_bm25 import BM25Plus
 
-__all__ = ["MAX_TOKENS", "Paragraph", "ParagraphIndex", "split_paragraphs", "words"]
+__all__ = [
+    "MAX_TOKENS",
+    "RANKER_WEIGHT",
+    "Paragraph",
+    "ParagraphIndex",
+    "split_paragraphs",
+    "words",
+]
+
+# beta: how much a paragraph's BM25+ score weighs beside the reader's span scores when the
+# answer is chosen among paragraphs (ReadingConfig.ranker_weight). softmax(beta * BM25+) over
+# an article's K best paragraphs is the ranker's probability of each holding the answer, beta
+# fit by likelihood on the 3,017 questions of the 9 SQuAD training articles the article runs
+# train on: 0.68 at K 4, 0.70 at K 8, 0.78 over whole articles (benchmarks/ranker_weight.py;
+# docs/reading.md section 7)
+RANKER_WEIGHT = 0.7
 
 # the longest paragraph read as one, in tokens: longer blocks are cut into windows (the cpu
 # preset trains on contexts cut at 400 tokens; SQuAD's paragraphs average 140)
@@ -132,11 +147,17 @@ class ParagraphIndex:
         """The indices of the ``k`` best paragraphs for ``question``, best first (all when
         ``k`` is 0 or more than there are), a paragraph whose text repeats an earlier one's
         left out; ties in file order."""
-        order = np.argsort(-self.scores(question), kind="stable").tolist()
+        return self.ranked(question, k)[0]
+
+    def ranked(self, question: str, k: int) -> tuple[list[int], list[float]]:
+        """:meth:`top`'s paragraphs and, in the same order, their scores."""
+        scores = self.scores(question)
+        order = np.argsort(-scores, kind="stable").tolist()
         seen: set[str] = set()
         picked = []
         for i in order:
             if self.texts[i] not in seen:
                 seen.add(self.texts[i])
                 picked.append(i)
-        return picked[:k] if k > 0 else picked
+        picked = picked[:k] if k > 0 else picked
+        return picked, [float(scores[i]) for i in picked]

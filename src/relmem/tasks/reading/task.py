@@ -46,6 +46,7 @@ from relmem.tasks.reading.articles import (
     check_articles,
     held_out_paragraphs,
     rank_in_articles,
+    ranker_bonus,
     ranks_in_row,
     training_paragraphs,
 )
@@ -57,6 +58,7 @@ from relmem.tasks.reading.data import (
 )
 from relmem.tasks.reading.embeddings import read_word_vectors
 from relmem.tasks.reading.metric import score_predictions, squad_scores
+from relmem.tasks.reading.ranking import RANKER_WEIGHT
 from relmem.tasks.registry import register_task
 from relmem.validation import check_at_least
 
@@ -107,6 +109,12 @@ class ReadingConfig:
             ``top_k`` share the last, 8 when ``top_k`` is 0), added to its tokens' scores: the
             ranker's word on which paragraph holds the answer, weighed beside the reader's own
             under the one softmax.
+        ranker_weight: beta, what the ranker's word weighs when the answer is chosen among
+            several paragraphs (a row of an article, or ``relmem answer``'s paragraphs): each
+            span's score gains ``beta`` times its paragraph's BM25+ score less the best read
+            paragraph's, ``log`` of the ranker's probability ``softmax(beta * BM25+)`` up to
+            a constant (``docs/reading.md`` §7); 0 leaves the reader's choice alone. Training
+            is unchanged.
         embeddings: a GloVe-format text file (``word v1 .. vD`` per line, D = ``word_size``):
             the word vectors start there, and stay fixed (None: learned from scratch).
         min_word_count: training-file occurrences a word needs to get its own id.
@@ -145,6 +153,7 @@ class ReadingConfig:
     top_k: int = 4
     reading: Literal["joined", "windows"] = "joined"
     rank_prior: bool = False
+    ranker_weight: float = RANKER_WEIGHT
     embeddings: Path | None = None
     min_word_count: int = 1
     min_char_count: int = 5
@@ -202,6 +211,11 @@ class ReadingConfig:
             raise ValueError(
                 "task.rank_prior weighs the rank of each of a row's paragraphs: it needs "
                 "--task.document article (a paragraph row has one paragraph)"
+            )
+        if not 0 <= self.ranker_weight < float("inf"):  # NaN fails too
+            raise ValueError(
+                f"task.ranker_weight must be a finite number >= 0 (0: the reader's choice "
+                f"alone), got {self.ranker_weight}"
             )
         if not 0 <= self.dropout < 1:
             raise ValueError(f"task.dropout must lie in [0, 1), got {self.dropout}")
@@ -261,6 +275,8 @@ class Reading(Task):
             (:mod:`~relmem.tasks.reading.articles`).
         ranks: as ``contexts``, each row paragraph's rank among its row's (from 1, the best
             ranked; a question's own paragraph read alone is 1).
+        ranker_scores: as ``contexts``, each row paragraph's BM25+ score for the question (0
+            for a question's own paragraph read alone).
         context_tokens: by split, ``[N]`` int64 each question's row context tokens (before
             ``max_context_tokens`` cuts a training row).
     """
@@ -307,17 +323,17 @@ class Reading(Task):
             self.held_index = self.held_index[: config.test_size]
         if not len(self.train_index):
             raise ValueError(f"{train_path}: no training question has an aligned answer")
-        self.contexts, self.ranks = {}, {}
+        self.contexts, self.ranks, self.ranker_scores = {}, {}, {}
         for split, encoded, index in (
             (TRAIN, self.train, self.train_index),
             (HELD_OUT, self.held, self.held_index),
         ):
-            self.contexts[split], self.ranks[split] = self._row_paragraphs(
-                encoded, index, training=split == TRAIN
-            )
+            rows = self._row_paragraphs(encoded, index, training=split == TRAIN)
+            self.contexts[split], self.ranks[split], self.ranker_scores[split] = rows
         if config.document == "article":
             self.contexts[OWN_PARAGRAPH] = [[q.paragraph] for q in self.held.squad.questions]
             self.ranks[OWN_PARAGRAPH] = [[1]] * len(self.held)
+            self.ranker_scores[OWN_PARAGRAPH] = [[0.0]] * len(self.held)
         self.context_tokens = {
             split: self._encoded(split).joined_tokens(contexts, self.gap)
             for split, contexts in self.contexts.items()
@@ -355,27 +371,31 @@ class Reading(Task):
 
     def _row_paragraphs(
         self, encoded: EncodedSplit, index: Tensor, training: bool
-    ) -> tuple[list[list[int]], list[list[int]]]:
+    ) -> tuple[list[list[int]], list[list[int]], list[list[float]]]:
         """The paragraphs of each question's row, a list per question of ``encoded``: its own
         paragraph, or with ``document`` article (for the questions ``index [N]``) those of its
         article ranked against it (:func:`~relmem.tasks.reading.articles.training_paragraphs`
         when ``training``, else :func:`~relmem.tasks.reading.articles.held_out_paragraphs`);
-        and, as those lists, each paragraph's rank among its row's (from 1)."""
+        and, as those lists, each paragraph's rank among its row's (from 1) and its BM25+
+        score (0 for a paragraph read alone)."""
         questions = encoded.squad.questions
         contexts = [[q.paragraph] for q in questions]
         ranks = [[1] for _ in questions]
+        scores = [[0.0] for _ in questions]
         if self.config.document == "paragraph":
-            return contexts, ranks
+            return contexts, ranks, scores
         top_k, most = self.config.top_k, self.config.max_context_tokens
         for i, ranked in rank_in_articles(encoded.squad, index.tolist()).items():
-            own = questions[i].paragraph
+            own, order = questions[i].paragraph, ranked.paragraphs
             contexts[i] = (
-                training_paragraphs(ranked, own, top_k, encoded.sizes, most, self.gap)
+                training_paragraphs(order, own, top_k, encoded.sizes, most, self.gap)
                 if training
-                else held_out_paragraphs(ranked, top_k)
+                else held_out_paragraphs(order, top_k)
             )
-            ranks[i] = ranks_in_row(ranked, contexts[i])
-        return contexts, ranks
+            ranks[i] = ranks_in_row(order, contexts[i])
+            score = dict(zip(order, ranked.scores, strict=True))
+            scores[i] = [score[p] for p in contexts[i]]
+        return contexts, ranks, scores
 
     def describe(self) -> str:
         """One line on the data: each file's alignment counts, the questions of each split
@@ -527,8 +547,16 @@ class Reading(Task):
 
     def predicted_texts(self, logits: Tensor, batch: Batch) -> list[str]:
         """The answer text of each row of ``logits [B, 1 + T, 2]`` ("" for no answer): the
-        best span within one paragraph of the row's context, cut from that paragraph."""
+        best span within one paragraph of the row's context, cut from that paragraph, each
+        span's score with its paragraph's ranker bonus (``ranker_weight``)."""
         segments = self._segments(batch, logits.shape[1] - 1).to(logits.device)
+        scores = [
+            self.ranker_scores[int(batch.targets[row, 3])][int(batch.targets[row, 2])]
+            for row in range(batch.size)
+        ]
+        bonus = ranker_bonus(segments, scores, self.config.ranker_weight)  # [B, T]
+        logits = logits.detach().clone()
+        logits[:, 1:, 0] += bonus.to(logits.dtype)  # on the start: once a span
         first, last, _ = best_spans(logits, self.config.max_answer_tokens, segments)
         texts = []
         for row in range(batch.size):
