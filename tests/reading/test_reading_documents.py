@@ -13,6 +13,7 @@ from reading_sample import train_args
 
 from relmem import cli
 from relmem.tasks.reading.documents import read_articles, read_held_out_articles
+from relmem.tasks.reading.ranking import RANKER_WEIGHT
 from relmem.tasks.reading.squad import Question, SquadFile
 from relmem.train.runs import load_trained
 
@@ -94,6 +95,9 @@ def test_eval_reports_the_article_level_beside_the_paragraph_level(
     assert article["paragraphs"] == 1 and 0 <= article["ranker_recall"] <= 1
     assert not math.isnan(article["official"]["all"]["f1"])
     assert article["predictions"] == "eval-predictions-held-out-article.json"
+    assert record["ranker_weight"] == RANKER_WEIGHT  # the run's own, the default
+    assert cli.main([*argv, "--ranker-weight", "0"]) == 0
+    assert json.loads(out.read_text())["ranker_weight"] == 0
     written = json.loads((tmp_path / article["predictions"]).read_text())
     assert set(written) == set(json.loads((tmp_path / record["predictions"]).read_text()))
 
@@ -103,6 +107,7 @@ def test_eval_reports_the_article_level_beside_the_paragraph_level(
     [
         (["--document", "article", "--paragraphs", "-1"], "--paragraphs -1: read at least 1"),
         (["--document", "chapter"], "chapter"),
+        (["--ranker-weight", "nan"], "--ranker-weight must be a finite number >= 0"),
     ],
 )
 def test_bad_document_options_are_refused(run: Path, tmp_path: Path, capsys, options, message):
@@ -124,4 +129,8 @@ def test_document_article_on_a_task_without_documents(tmp_path: Path, capsys) ->
     argv = ["eval", str(tmp_path / "nth"), "--document", "article", "--json-out", str(out)]
     assert cli.main(argv) == 2
     assert "--document article: nth-farthest runs read no documents" in capsys.readouterr().err
+    argv = ["eval", str(tmp_path / "nth"), "--ranker-weight", "0.5", "--json-out", str(out)]
+    assert cli.main(argv) == 2
+    error = capsys.readouterr().err
+    assert "--ranker-weight: nth-farthest runs choose among no paragraphs" in error
     assert not out.exists()

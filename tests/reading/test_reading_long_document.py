@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -200,6 +201,13 @@ def test_answer_a_long_file_from_the_command_line(run: Path, tmp_path: Path, cap
     # more paragraphs than there are: all read
     assert cli.main([*args, "--paragraphs", "1000"]) == 0
     assert capsys.readouterr().out.startswith(f"Q: {question}\nA: ")
+    # the ranker's weight as asked: its bonus is in every score (the best read paragraph's 0)
+    assert cli.main([*args, "--paragraphs", "0", "--ranker-weight", "0"]) == 0
+    reader = load_reader(run)
+    reader.config = replace(reader.config, ranker_weight=0.0)
+    expected = reader(text, question, paragraphs=0)
+    assert not isinstance(expected, list)
+    assert f"score {expected.score:.2f}" in capsys.readouterr().out.splitlines()[1]
 
 
 def test_a_5_mb_line_and_repeated_paragraphs_are_answered(
@@ -229,6 +237,8 @@ def test_a_5_mb_line_and_repeated_paragraphs_are_answered(
         (["--paragraphs", "-1"],
          "--paragraphs -1: read at least 1 paragraph, or pass 0 to read them all"),
         (["--top", "0"], "--top 0: print at least the best answer (--top 1)"),
+        (["--ranker-weight", "-0.5"],
+         "--ranker-weight must be a finite number >= 0 (0: the reader's choice alone), got -0.5"),
     ],
 )  # fmt: skip
 def test_bad_counts_are_refused(run: Path, tmp_path: Path, capsys, options, message) -> None:

@@ -11,7 +11,7 @@ it has taken 2 seconds.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -20,6 +20,7 @@ import tyro
 from relmem.commands.errors import describe_error
 from relmem.files import FileRefused, read_bytes
 from relmem.tasks.reading.answer import PARAGRAPHS, Answer, check_text
+from relmem.tasks.reading.ranking import check_ranker_weight
 from relmem.train.checkpoint import CheckpointError
 from relmem.train.distributed import resolve_device
 
@@ -37,6 +38,9 @@ class AnswerArgs:
         top: print the N best answers, each from another span.
         checkpoint: a checkpoint directory instead of the run's best.
         device: auto, cpu, cuda or mps.
+        ranker_weight: how much the ranker's word weighs beside the reader's when the answer
+            is chosen among paragraphs (None: the reader's own ``task.ranker_weight``; 0: the
+            reader's choice alone; ``docs/reading.md`` §7).
     """
 
     run_dir: Annotated[Path, tyro.conf.Positional]
@@ -46,6 +50,7 @@ class AnswerArgs:
     top: int = 1
     checkpoint: Path | None = None
     device: str = "cpu"
+    ranker_weight: float | None = None
 
 
 def read_context(value: str) -> str:
@@ -126,7 +131,11 @@ def main(argv: list[str]) -> int:
         check_questions(args.question)
         check_counts(args.paragraphs, args.top)
         context = read_context(args.context)
+        if args.ranker_weight is not None:
+            check_ranker_weight(args.ranker_weight, "--ranker-weight")
         reader = load_reader(args.run_dir, args.checkpoint, str(resolve_device(args.device)))
+        if args.ranker_weight is not None:
+            reader.config = replace(reader.config, ranker_weight=args.ranker_weight)
         answers = reader(
             context, args.question, progress=True, paragraphs=args.paragraphs, top=args.top
         )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -29,6 +29,7 @@ from relmem.commands.errors import describe_error
 from relmem.files import FileRefused, file_digest, open_regular, read_json
 from relmem.tasks.base import MetricSpec
 from relmem.tasks.reading.documents import read_held_out_articles
+from relmem.tasks.reading.ranking import check_ranker_weight
 from relmem.tasks.reading.task import Reading
 from relmem.tasks.registry import get_task
 from relmem.train.checkpoint import (
@@ -77,6 +78,9 @@ class EvalArgs:
             article, the ``--paragraphs`` best BM25+ ranked paragraphs of it read, and report
             those figures beside the paragraph's (``docs/reading.md`` §7).
         paragraphs: with ``--document article``, the paragraphs read per question (0: all).
+        ranker_weight: a reader: how much the ranker's word weighs when the answer is chosen
+            among paragraphs (``--task.ranker-weight``; None: the run's own; 0: the reader's
+            choice alone, as every run was read before 2026-11-29).
     """
 
     run_dir: Annotated[Path, tyro.conf.Positional]
@@ -89,6 +93,7 @@ class EvalArgs:
     data: Path | None = None
     document: Literal["paragraph", "article"] = "paragraph"
     paragraphs: int = 4
+    ranker_weight: float | None = None
 
 
 def main(argv: list[str]) -> int:
@@ -128,6 +133,11 @@ def main(argv: list[str]) -> int:
             torch.set_num_threads(config.cpu_threads)
         if args.document == "article" and not isinstance(task, Reading):
             raise ValueError(f"--document article: {task_name} runs read no documents")
+        if args.ranker_weight is not None:
+            if not isinstance(task, Reading):
+                raise ValueError(f"--ranker-weight: {task_name} runs choose among no paragraphs")
+            check_ranker_weight(args.ranker_weight, "--ranker-weight")
+            task.config = replace(task.config, ranker_weight=args.ranker_weight)
         held_out = task.held_out(device)
         result = evaluate(model, task, held_out, progress=True, predictions=True)
         answers = result.pop("predictions")  # of the same forward passes as the metrics
@@ -206,6 +216,7 @@ def main(argv: list[str]) -> int:
         **({"more_held_out": more} if more else {}),
         **({} if official is None else {"official": official, "predictions": predictions.name}),
         **article_fields,
+        **({"ranker_weight": task.config.ranker_weight} if isinstance(task, Reading) else {}),
     }
     return _write_record(args, task_name, config.model, ckpt, step, fields)
 

@@ -22,6 +22,7 @@ __all__ = [
     "RANKER_WEIGHT",
     "Paragraph",
     "ParagraphIndex",
+    "check_ranker_weight",
     "split_paragraphs",
     "words",
 ]
@@ -33,6 +34,20 @@ __all__ = [
 # train on: 0.68 at K 4, 0.70 at K 8, 0.78 over whole articles (benchmarks/ranker_weight.py;
 # docs/reading.md section 7)
 RANKER_WEIGHT = 0.7
+
+
+def check_ranker_weight(value: float, option: str) -> None:
+    """Refuse a ranker weight (``option`` names where it came from) that is negative or not
+    finite.
+
+    Raises:
+        ValueError: naming the option and the value.
+    """
+    if not 0 <= value < float("inf"):  # NaN fails too
+        raise ValueError(
+            f"{option} must be a finite number >= 0 (0: the reader's choice alone), got {value}"
+        )
+
 
 # the longest paragraph read as one, in tokens: longer blocks are cut into windows (the cpu
 # preset trains on contexts cut at 400 tokens; SQuAD's paragraphs average 140)

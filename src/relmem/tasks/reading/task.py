@@ -58,7 +58,7 @@ from relmem.tasks.reading.data import (
 )
 from relmem.tasks.reading.embeddings import read_word_vectors
 from relmem.tasks.reading.metric import score_predictions, squad_scores
-from relmem.tasks.reading.ranking import RANKER_WEIGHT
+from relmem.tasks.reading.ranking import RANKER_WEIGHT, check_ranker_weight
 from relmem.tasks.registry import register_task
 from relmem.validation import check_at_least
 
@@ -212,11 +212,7 @@ class ReadingConfig:
                 "task.rank_prior weighs the rank of each of a row's paragraphs: it needs "
                 "--task.document article (a paragraph row has one paragraph)"
             )
-        if not 0 <= self.ranker_weight < float("inf"):  # NaN fails too
-            raise ValueError(
-                f"task.ranker_weight must be a finite number >= 0 (0: the reader's choice "
-                f"alone), got {self.ranker_weight}"
-            )
+        check_ranker_weight(self.ranker_weight, "task.ranker_weight")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"task.dropout must lie in [0, 1), got {self.dropout}")
         self.length_buckets = tuple(self.length_buckets)
