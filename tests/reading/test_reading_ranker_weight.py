@@ -13,7 +13,7 @@ from test_reading_article_training import articles_file, build, question_index  
 
 from relmem import cli
 from relmem.tasks.reading.answer import AnswerReader
-from relmem.tasks.reading.articles import ranker_bonus
+from relmem.tasks.reading.articles import bonus_by_token
 from relmem.tasks.reading.data import Vocabulary
 from relmem.tasks.reading.ranking import RANKER_WEIGHT, ParagraphIndex, split_paragraphs
 from relmem.tasks.reading.task import HELD_OUT, ReadingConfig, best_spans
@@ -22,9 +22,9 @@ from relmem.tasks.reading.task import HELD_OUT, ReadingConfig, best_spans
 def test_the_bonus_is_beta_times_the_score_below_the_rows_best() -> None:
     segments = torch.tensor([[0, 0, -1, 1, 1, 2, -1], [0, 0, 0, -1, -1, -1, -1]])
     scores = [[2.0, 5.0, 4.0], [3.0]]
-    bonus = ranker_bonus(segments, scores, 0.5)
+    bonus = bonus_by_token(segments, scores, 0.5)
     assert bonus.tolist() == [[-1.5, -1.5, 0.0, 0.0, 0.0, -0.5, 0.0], [0.0] * 7]
-    assert not ranker_bonus(segments, scores, 0.0).any()
+    assert not bonus_by_token(segments, scores, 0.0).any()
 
 
 class _Spotter(torch.nn.Module):

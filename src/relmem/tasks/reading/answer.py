@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from relmem.tasks.base import row_chunks
 from relmem.tasks.reading.data import EncodedSplit, Vocabulary, tokenized
-from relmem.tasks.reading.ranking import Paragraph, ParagraphIndex, split_paragraphs
+from relmem.tasks.reading.ranking import Paragraph, ParagraphIndex, ranker_bonus, split_paragraphs
 from relmem.tasks.reading.squad import Question, SquadFile, lone_surrogate
 from relmem.tasks.reading.task import Reading, ReadingConfig
 
@@ -166,16 +166,11 @@ class AnswerReader:
         for q, picked in enumerate(chosen):
             mine = range(first, first + len(picked))
             first += len(picked)
-            bonus = self._bonus(ranked[q][1])
+            bonus = ranker_bonus(ranked[q][1], self.config.ranker_weight)
             found = self._ranked(encoded, [logits[r] for r in mine], list(mine), top, bonus)
             located = [self._located(a, asked[q], picked, parts, context) for a in found]
             answers.append(replace(located[0], alternatives=tuple(located[1:])))
         return answers[0] if isinstance(questions, str) else answers
-
-    def _bonus(self, scores: list[float]) -> list[float]:
-        """What the ranker adds to the score of each span of the paragraphs ``scores`` (their
-        BM25+ scores, best first) holds: ``ranker_weight`` times the score less the best's."""
-        return [self.config.ranker_weight * (s - scores[0]) for s in scores]
 
     def _ranked(
         self,
@@ -187,10 +182,10 @@ class AnswerReader:
     ) -> list[tuple[int, int, int, float, float]]:
         """One question's ``top`` best answers from its paragraphs' ``logits [1 + T_r, 2]``
         (rows ``rows`` of ``encoded``), each span's score with its paragraph's ``bonus``
-        (:meth:`_bonus`), best first: ``(r, start, end, score, probability)``, ``r`` the
-        position in ``rows`` (-1 -1 -1 for "no answer"), ``start, end`` character offsets in
-        that paragraph, ``probability`` the reader's own; texts distinct, spans of one
-        paragraph disjoint."""
+        (:func:`~relmem.tasks.reading.ranking.ranker_bonus`), best first: ``(r, start, end,
+        score, probability)``, ``r`` the position in ``rows`` (-1 -1 -1 for "no answer"),
+        ``start, end`` character offsets in that paragraph, ``probability`` the reader's own;
+        texts distinct, spans of one paragraph disjoint."""
         every = torch.cat(logits)  # [sum(1 + T_r), 2]: one softmax over all of them
         norm = torch.logsumexp(every, dim=0)  # [2]
         spans = []

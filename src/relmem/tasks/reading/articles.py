@@ -19,15 +19,15 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from relmem.tasks.reading.ranking import ParagraphIndex
+from relmem.tasks.reading.ranking import ParagraphIndex, ranker_bonus
 from relmem.tasks.reading.squad import SquadFile
 
 __all__ = [
     "Ranking",
+    "bonus_by_token",
     "check_articles",
     "held_out_paragraphs",
     "rank_in_articles",
-    "ranker_bonus",
     "ranks_in_row",
     "training_paragraphs",
 ]
@@ -129,11 +129,9 @@ def ranks_in_row(ranked: Sequence[int], paragraphs: Sequence[int]) -> list[int]:
     return [order.index(p) + 1 for p in paragraphs]
 
 
-def ranker_bonus(segments: Tensor, scores: Sequence[Sequence[float]], weight: float) -> Tensor:
-    """What the ranker adds to the score of a span starting at each context token:
-    ``weight`` times the BM25+ score of the token's paragraph less the best of its row's, so
-    the best ranked paragraph read gains 0 and the others less (the log of the ranker's
-    probability ``softmax(weight * BM25+)`` over the row's paragraphs, up to a constant).
+def bonus_by_token(segments: Tensor, scores: Sequence[Sequence[float]], weight: float) -> Tensor:
+    """What the ranker adds to the score of a span starting at each context token: its
+    paragraph's :func:`~relmem.tasks.reading.ranking.ranker_bonus` among its row's.
 
     Args:
         segments: ``[B, T]`` int64, each context token's paragraph in its row (-1 for padding
@@ -148,8 +146,7 @@ def ranker_bonus(segments: Tensor, scores: Sequence[Sequence[float]], weight: fl
     for row, mine in enumerate(scores):
         if weight == 0 or len(mine) < 2:
             continue
-        values = torch.tensor(mine, dtype=torch.float32)
-        values = weight * (values - values.max())  # [P]
+        values = torch.tensor(ranker_bonus(mine, weight), dtype=torch.float32)  # [P]
         inside = segments[row] >= 0
         bonus[row, inside] = values[segments[row, inside].cpu()]
     return bonus.to(segments.device)

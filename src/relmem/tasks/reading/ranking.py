@@ -12,6 +12,7 @@ it is placed in the whole text. The ranking is BM25+ (``rank_bm25``) over lower-
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,7 @@ __all__ = [
     "Paragraph",
     "ParagraphIndex",
     "check_ranker_weight",
+    "ranker_bonus",
     "split_paragraphs",
     "words",
 ]
@@ -34,6 +36,15 @@ __all__ = [
 # train on: 0.68 at K 4, 0.70 at K 8, 0.78 over whole articles (benchmarks/ranker_weight.py;
 # docs/reading.md section 7)
 RANKER_WEIGHT = 0.7
+
+
+def ranker_bonus(scores: Sequence[float], weight: float) -> list[float]:
+    """What the ranker adds to the score of every span of each paragraph read, given their
+    BM25+ ``scores``: ``weight`` times the score less the best's, 0 for the best ranked (the
+    log of the ranker's probability ``softmax(weight * BM25+)`` over them, up to a
+    constant)."""
+    best = max(scores)
+    return [weight * (s - best) for s in scores]
 
 
 def check_ranker_weight(value: float, option: str) -> None:

@@ -43,10 +43,10 @@ from relmem.models.reader import ReaderOptions
 from relmem.tasks.base import Batch, LazyRows, Measure, MetricSpec, Task, TaskSpec
 from relmem.tasks.reading import sources
 from relmem.tasks.reading.articles import (
+    bonus_by_token,
     check_articles,
     held_out_paragraphs,
     rank_in_articles,
-    ranker_bonus,
     ranks_in_row,
     training_paragraphs,
 )
@@ -550,7 +550,7 @@ class Reading(Task):
             self.ranker_scores[int(batch.targets[row, 3])][int(batch.targets[row, 2])]
             for row in range(batch.size)
         ]
-        bonus = ranker_bonus(segments, scores, self.config.ranker_weight)  # [B, T]
+        bonus = bonus_by_token(segments, scores, self.config.ranker_weight)  # [B, T]
         logits = logits.detach().clone()
         logits[:, 1:, 0] += bonus.to(logits.dtype)  # on the start: once a span
         first, last, _ = best_spans(logits, self.config.max_answer_tokens, segments)
