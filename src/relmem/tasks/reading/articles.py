@@ -142,11 +142,11 @@ def bonus_by_token(segments: Tensor, scores: Sequence[Sequence[float]], weight: 
     Returns:
         ``[B, T]`` float32, 0 on padding and gaps and in a one-paragraph row.
     """
-    bonus = torch.zeros(segments.shape, dtype=torch.float32)
+    bonus = torch.zeros(segments.shape, dtype=torch.float32, device=segments.device)
     for row, mine in enumerate(scores):
         if weight == 0 or len(mine) < 2:
             continue
-        values = torch.tensor(ranker_bonus(mine, weight), dtype=torch.float32)  # [P]
+        values = torch.tensor(ranker_bonus(mine, weight), device=segments.device)  # [P]
         inside = segments[row] >= 0
-        bonus[row, inside] = values[segments[row, inside].cpu()]
-    return bonus.to(segments.device)
+        bonus[row, inside] = values[segments[row, inside]].float()
+    return bonus
