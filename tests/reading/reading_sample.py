@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
+from relmem.tasks.reading.task import ReadingConfig
+
 # a reader small enough to train in seconds on the sample
 TINY = [
     "--task.word-size", "16", "--task.char-embedding", "4", "--task.char-channels", "8",
@@ -23,3 +27,27 @@ def train_args(squad_dir: Path, out: Path, name: str, *extra: str) -> list[str]:
         "--checkpoint-every", "2", "--out-dir", str(out), "--run-name", name, "--no-tensorboard",
         *TINY, *extra,
     ]  # fmt: skip
+
+
+class Spotter(torch.nn.Module):
+    """A stand-in reader: each word id of ``words`` scores its value as start and end, every
+    other context token ``other`` and "no answer" ``null`` (``-inf``: never); padding
+    ``-inf``. ``forward`` is the reader's: ``(inputs, state, lengths) -> (logits [B, 1 + T,
+    2], None)``."""
+
+    def __init__(self, words: dict[int, float], other: float, null: float) -> None:
+        super().__init__()
+        self.words, self.other, self.null = words, other, null
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, inputs, state, lengths):
+        block = ReadingConfig().question_tokens
+        words = inputs[:, block:, 0]  # [B, T]
+        scores = torch.full(words.shape, self.other)
+        for word, score in self.words.items():
+            scores = scores.masked_fill(words == word, score)
+        steps = torch.arange(words.shape[1])
+        scores = scores.masked_fill(steps >= (lengths - block).unsqueeze(1), float("-inf"))
+        null = torch.full((words.shape[0], 1), self.null)
+        logits = torch.cat([null, scores], dim=1)  # [B, 1 + T]
+        return torch.stack([logits, logits], dim=-1), None  # [B, 1 + T, 2]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from reading_sample import train_args
+from reading_sample import Spotter, train_args
 from tokenizers.pre_tokenizers import BertPreTokenizer
 
 from relmem import cli
@@ -95,27 +95,11 @@ def test_top_spans_are_disjoint_and_best_first() -> None:
     assert top_spans(logits, max_tokens=3, n=1) == [(1, 2, 6.0)]
 
 
-class _Spotter(torch.nn.Module):
-    """A reader that scores the word ``karl`` 5 as start and end, every other token 0 and
-    "no answer" 1.5 + 1.5 (as a reader trained with unanswerable questions)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.zeros(1))
-
-    def forward(self, inputs, state, lengths):
-        block = ReadingConfig().question_tokens
-        words = inputs[:, block:, 0]  # [B, T]
-        steps = torch.arange(words.shape[1])
-        scores = (words == 2).float() * 5.0  # [B, T]: id 2 is "karl"
-        scores = scores.masked_fill(steps >= (lengths - block).unsqueeze(1), float("-inf"))
-        null = torch.full((words.shape[0], 1), 1.5)
-        logits = torch.cat([null, scores], dim=1)  # [B, 1 + T]
-        return torch.stack([logits, logits], dim=-1), None  # [B, 1 + T, 2]
-
-
 def test_no_answer_only_when_every_paragraph_read_prefers_it() -> None:
-    reader = AnswerReader(Vocabulary(("karl",), ("a",)), ReadingConfig(), _Spotter())
+    # a reader that scores "karl" (id 2) 5 as start and end, every other token 0 and "no
+    # answer" 1.5 + 1.5 (as a reader trained with unanswerable questions)
+    spotter = Spotter({2: 5.0}, other=0.0, null=1.5)
+    reader = AnswerReader(Vocabulary(("karl",), ("a",)), ReadingConfig(), spotter)
     text = "Nothing here.\n\nKarl decoded it.\n\nNor here."
     result = reader(text, "Who?", paragraphs=0, top=2)
     assert not isinstance(result, list)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_reading_article_training import articles_file, build, question_index  # noqa: F401
+from reading_sample import Spotter
+from test_reading_article_training import articles_file, build  # noqa: F401
 
 from relmem import cli
 from relmem.tasks.reading.answer import AnswerReader
@@ -27,26 +28,6 @@ def test_the_bonus_is_beta_times_the_score_below_the_rows_best() -> None:
     assert not bonus_by_token(segments, scores, 0.0).any()
 
 
-class _Spotter(torch.nn.Module):
-    """A reader that scores ``karl`` (id 2) 5 and ``frisch`` (id 3) 4 as start and end, every
-    other token -3, and "no answer" never."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.zeros(1))
-
-    def forward(self, inputs, state, lengths):
-        block = ReadingConfig().question_tokens
-        words = inputs[:, block:, 0]  # [B, T]
-        scores = torch.full(words.shape, -3.0)
-        scores = scores.masked_fill(words == 2, 5.0).masked_fill(words == 3, 4.0)
-        steps = torch.arange(words.shape[1])
-        scores = scores.masked_fill(steps >= (lengths - block).unsqueeze(1), float("-inf"))
-        null = torch.full((words.shape[0], 1), float("-inf"))
-        logits = torch.cat([null, scores], dim=1)  # [B, 1 + T]
-        return torch.stack([logits, logits], dim=-1), None  # [B, 1 + T, 2]
-
-
 TEXT = "Karl kept bees.\n\nFrisch decoded the waggle dance of honey bees."
 QUESTION = "Who decoded the waggle dance?"
 
@@ -54,7 +35,10 @@ QUESTION = "Who decoded the waggle dance?"
 @pytest.mark.parametrize("weight", [0.0, RANKER_WEIGHT, 3.0])
 def test_answer_weighs_the_ranker_beside_the_reader(weight: float) -> None:
     config = ReadingConfig(ranker_weight=weight)
-    reader = AnswerReader(Vocabulary(("karl", "frisch"), ("a",)), config, _Spotter())
+    # a reader that scores "karl" (id 2) 5 and "frisch" (id 3) 4 as start and end, every
+    # other token -3, and "no answer" never
+    spotter = Spotter({2: 5.0, 3: 4.0}, other=-3.0, null=float("-inf"))
+    reader = AnswerReader(Vocabulary(("karl", "frisch"), ("a",)), config, spotter)
     scores = ParagraphIndex([p.text for p in split_paragraphs(TEXT)]).scores(QUESTION)
     assert scores[1] > scores[0]  # the ranker puts Frisch's paragraph first
     karl, frisch = 10.0 + weight * (scores[0] - scores[1]), 8.0  # start + end, with the bonus
