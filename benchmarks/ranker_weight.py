@@ -24,13 +24,12 @@ import numpy as np
 
 from relmem.tasks.reading.articles import rank_in_articles
 from relmem.tasks.reading.sources import held_out_articles
-from relmem.tasks.reading.squad import read_squad
+from relmem.tasks.reading.squad import SquadFile, read_squad
 
 
-def candidates(path: Path, k: int, held: set[str]) -> tuple[list, list]:
-    """``(fit, unseen)``: per answerable question whose gold paragraph is among its ``k``
-    best (0: all), ``(scores [k], gold position)``, split by its article's title."""
-    squad = read_squad(path)
+def candidates(squad: SquadFile, k: int, held: set[str]) -> tuple[list, list]:
+    """``(fit, unseen)``: per answerable question of ``squad`` whose gold paragraph is among
+    its ``k`` best (0: all), ``(scores [k], gold position)``, split by its article's title."""
     answerable = [i for i, q in enumerate(squad.questions) if q.answerable]
     fit, unseen = [], []
     for i, ranking in rank_in_articles(squad, answerable).items():
@@ -48,10 +47,10 @@ def log_likelihood(beta: float, items: list) -> tuple[float, float, float]:
     value = first = second = 0.0
     for scores, gold in items:
         z = beta * scores
-        p = np.exp(z - z.max())
-        p /= p.sum()
+        e = np.exp(z - z.max())
+        p = e / e.sum()
         mean = float(p @ scores)
-        value += float(z[gold] - z.max() - np.log(np.exp(z - z.max()).sum()))
+        value += float(z[gold] - z.max() - np.log(e.sum()))
         first += float(scores[gold]) - mean
         second -= float(p @ scores**2) - mean**2
     n = len(items)
@@ -84,7 +83,7 @@ def main() -> None:
         held = held_out_articles(squad, args.held_out_articles, args.split_seed)
     results = []
     for k in args.k:
-        fit, unseen = candidates(args.file, k, held)
+        fit, unseen = candidates(squad, k, held)
         beta = fit_beta(fit)
         line = {"k": k, "questions": len(fit), "beta": round(beta, 4),
                 "log_likelihood": round(log_likelihood(beta, fit)[0], 4)}  # fmt: skip
