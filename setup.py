@@ -10,7 +10,13 @@ setup(
     packages=[*find_namespace_packages("src"), "relmem.docs"],
     package_dir={"": "src", "relmem.docs": "docs"},
     package_data={
-        "relmem": ["py.typed", "cores/rmc/csrc/*.cpp", "cores/dnc/csrc/*.cpp", "cores/csrc/*.h"],
+        "relmem": [
+            "py.typed",
+            "cores/rmc/csrc/*.cpp",
+            "cores/dnc/csrc/*.cpp",
+            "cores/csrc/*.h",
+            "cores/csrc/*.cpp",
+        ],
         "relmem.docs": ["*.md"],
     },
 )

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from relmem.cores.dnc import MemoryControllerLayer
 from relmem.cores.dnc.layer import reverse_within_lengths
+from relmem.cores.gru import run_gru
 from relmem.models.registry import get_model, register_architecture
 from relmem.models.spec import TaskSpec, register_option
 
@@ -147,7 +148,8 @@ class _BiGRU(nn.Module):
     """A bidirectional GRU over right-padded ``[B, T, X]`` rows -> ``[B, T, 2h]``, 0 at padded
     steps. The backward direction reads each row reversed within its length, so it starts at
     the row's last token, not at its padding: the packed-sequence result, without the
-    per-step cost of packed sequences on the CPU."""
+    per-step cost of packed sequences on the CPU. Each direction runs the fused GRU
+    (:func:`relmem.cores.gru.run_gru`) where it can."""
 
     def __init__(self, input_size: int, hidden_size: int, dropout: float) -> None:
         super().__init__()
@@ -157,9 +159,9 @@ class _BiGRU(nn.Module):
 
     def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
         x = self.dropout(x)
-        ahead, _ = self.forward_gru(x)
+        ahead = run_gru(x, self.forward_gru)
         reversed_x = reverse_within_lengths(x.transpose(0, 1), lengths).transpose(0, 1)
-        back, _ = self.backward_gru(reversed_x)
+        back = run_gru(reversed_x, self.backward_gru)
         back = reverse_within_lengths(back.transpose(0, 1), lengths).transpose(0, 1)
         mask = _lengths_mask(lengths, x.shape[1]).unsqueeze(-1).to(x.dtype)
         return torch.cat([ahead, back], dim=-1) * mask

@@ -38,6 +38,7 @@ from relmem.cores.dnc.dnc import (
     fused_recurrence_ok,
 )
 from relmem.cores.dnc.memory import DNCMemory, Implementation, LinkKind, check_memory_options
+from relmem.cores.gru import run_gru
 from relmem.validation import allocation_errors, check_bool, check_factory, check_int
 
 
@@ -231,7 +232,8 @@ class MemoryControllerLayer(nn.Module):
                     f"got {tuple(x.shape)}"
                 )
 
-        if fused_recurrence_ok(self.memory, x, state):
+        fused = fused_recurrence_ok(self.memory, x, state)
+        if fused:
             reads_before = state.read_vectors.flatten(1).unsqueeze(0)  # r_0
             hidden_seq, read_seq, state = fused_recurrence(
                 self.memory, self.controller, x, state, seq.lengths
@@ -242,7 +244,10 @@ class MemoryControllerLayer(nn.Module):
             hidden_seq, read_seq, chi_seq, state = self._reference_loop(x, state, seq.lengths)
         if self.backward_rnn is not None:
             reversed_z = reverse_within_lengths(chi_seq, seq.lengths)
-            backward, _ = self.backward_rnn(reversed_z)  # [T, B, D]
+            if fused and isinstance(self.backward_rnn, nn.GRU):  # the fused path throughout
+                backward = run_gru(reversed_z, self.backward_rnn)  # [T, B, D]
+            else:
+                backward = self.backward_rnn(reversed_z)[0]
             hidden_seq = torch.cat(
                 [hidden_seq, reverse_within_lengths(backward, seq.lengths)], dim=-1
             )  # [T, B, 2D]
