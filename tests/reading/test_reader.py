@@ -37,16 +37,24 @@ def reference_window_attention(g, mask, window, score):
     return out
 
 
-@pytest.mark.parametrize(("steps", "window"), [(7, 8), (23, 8), (24, 6), (9, 2)])
+@pytest.mark.parametrize(
+    ("steps", "window"), [(7, 8), (23, 8), (24, 6), (9, 2), (31, 7), (17, 5), (40, 12)]
+)
 def test_windowed_attention_matches_the_token_by_token_reference(steps, window) -> None:
     torch.manual_seed(0)
-    g = torch.randn(3, steps, 5, dtype=torch.float64)
+    g = torch.randn(3, steps, 5, dtype=torch.float64, requires_grad=True)
     lengths = torch.tensor([steps, steps - 3, 4])
     mask = torch.arange(steps) < lengths.unsqueeze(1)
     score = Trilinear(5).double()
     fast = windowed_self_attention(g, mask, window, score)
     slow = reference_window_attention(g, mask, window, score)
     torch.testing.assert_close(fast, slow)
+    weights = torch.randn_like(fast)  # and backward: the input's and the score's gradients
+    wrt = [g, *score.parameters()]
+    torch.testing.assert_close(
+        torch.autograd.grad((fast * weights).sum(), wrt),
+        torch.autograd.grad((slow * weights).sum(), wrt),
+    )
     if window >= 4:  # every valid token is covered (a window of 2 may hold a token alone)
         assert (fast.abs().sum(-1) > 0)[mask].all()
 

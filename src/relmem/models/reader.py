@@ -219,12 +219,13 @@ def windowed_self_attention(
     Rows whose valid tokens all lie within the first ``window`` steps attend over the whole
     row, whatever the padding beside them. Longer ones are cut into windows twice, at offsets
     0 and ``window // 2``, and each token takes its output from the cut in which it lies
-    further from a window's edge: every token is covered, and sees at least ``window // 4``
-    tokens on each side that the row has.
+    further from a window's edge (the first on ties): every token is covered, and sees at least
+    ``window // 4`` tokens on each side that the row has. Each cut computes only the queries
+    it owns (:func:`_owned_insides`, half of each window), against its window's every key.
 
     Args:
         g: ``[B, T, X]``. mask: ``[B, T]`` bool, the valid tokens.
-        window: tokens per window. score: ``[b, w, X] x [b, w, X] -> [b, w, w]``.
+        window: tokens per window. score: ``[b, i, X] x [b, j, X] -> [b, i, j]``.
 
     Returns:
         ``[B, T, X]``, zero at padded tokens and at a token alone in its window.
@@ -232,37 +233,69 @@ def windowed_self_attention(
     batch, steps, width = g.shape
     if steps <= window:
         return _attend(g, mask, score)
-    outputs, centrality = [], []
-    position = torch.arange(steps, device=g.device)
-    for offset in (0, window // 2):
-        blocks = -(-(steps + offset) // window)
-        pad = blocks * window - steps - offset
-        gp = F.pad(g, (0, 0, offset, pad)).reshape(batch * blocks, window, width)
-        mp = F.pad(mask, (offset, pad)).reshape(batch * blocks, window)
-        out = _attend(gp, mp, score).reshape(batch, blocks * window, width)
-        outputs.append(out[:, offset : offset + steps])
-        inside = (position + offset) % window
-        centrality.append(torch.minimum(inside, window - 1 - inside))
-    second = (centrality[1] > centrality[0]).view(1, steps, 1)
-    out = torch.where(second, outputs[1], outputs[0])
     # a row that fits in one window attends over all of itself, however far the batch that
     # holds it is padded: no row's output depends on the rows beside it
     fits = ~mask[:, window:].any(dim=1)  # [B]
-    if not fits.any():
+    out = g.new_zeros(batch, steps, width)
+    if fits.any():
+        which = fits.nonzero().flatten()
+        whole = _attend(g[which, :window], mask[which, :window], score)  # [S, window, X]
+        out = out.index_copy(0, which, F.pad(whole, (0, 0, 0, steps - window)))
+    if fits.all():
         return out
-    which = fits.nonzero().flatten()
-    whole = _attend(g[which, :window], mask[which, :window], score)  # [S, window, X]
-    return out.index_copy(0, which, F.pad(whole, (0, 0, 0, steps - window)))
+    which = (~fits).nonzero().flatten()
+    rows = len(which)
+    long_g, long_mask = g[which], mask[which]
+    cuts = long_g.new_zeros(rows, steps, width)
+    for offset, owned in zip((0, window // 2), _owned_insides(window, g.device), strict=True):
+        if len(owned) == 0:
+            continue
+        blocks = -(-(steps + offset) // window)
+        pad = blocks * window - steps - offset
+        gp = F.pad(long_g, (0, 0, offset, pad)).reshape(rows * blocks, window, width)
+        mp = F.pad(long_mask, (offset, pad)).reshape(rows * blocks, window)
+        part = _attend(gp, mp, score, owned)  # [rows · blocks, |owned|, X]
+        full = part.new_zeros(rows * blocks, window, width).index_copy(1, owned, part)
+        cuts = cuts + full.reshape(rows, blocks * window, width)[:, offset : offset + steps]
+    return out.index_copy(0, which, cuts)
 
 
-def _attend(g: Tensor, mask: Tensor, score: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
-    s = score(g, g)  # [b, w, w]
+def _owned_insides(window: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The places within a window whose tokens take their output from the cut at offset 0
+    and from the cut at offset ``window // 2``: a token lies at ``i`` in the first cut's
+    window and at ``(i + window // 2) % window`` in the second's, and goes to the cut where
+    it is further from an edge, the first on ties. Each a 1-D int64 tensor."""
+    place = torch.arange(window, device=device)
+
+    def centrality(inside: Tensor) -> Tensor:
+        return torch.minimum(inside, window - 1 - inside)
+
+    half = window // 2
+    first = centrality(place) >= centrality((place + half) % window)  # by the first cut's place
+    second = centrality(place) > centrality((place - half) % window)  # by the second's
+    return first.nonzero().flatten(), second.nonzero().flatten()
+
+
+def _attend(
+    g: Tensor,
+    mask: Tensor,
+    score: Callable[[Tensor, Tensor], Tensor],
+    queries: Tensor | None = None,
+) -> Tensor:
+    """Attention of ``g [b, w, X]``'s tokens (those at ``queries`` only, when given) over the
+    valid tokens of their row (``mask [b, w]``) but themselves -> ``[b, w or |queries|, X]``,
+    zero at a padded query and at one with no other valid token."""
     steps = g.shape[1]
     eye = torch.eye(steps, dtype=torch.bool, device=g.device)
-    keys = mask.unsqueeze(1) & ~eye  # [b, w, w]
+    if queries is not None:
+        eye, query_mask, q = eye[queries], mask[:, queries], g[:, queries]
+    else:
+        query_mask, q = mask, g
+    s = score(q, g)  # [b, i, w]
+    keys = mask.unsqueeze(1) & ~eye  # [b, i, w]
     s = s.masked_fill(~keys, _MASKED)
     out = torch.bmm(torch.softmax(s, dim=-1), g)
-    attends = mask & keys.any(dim=-1)  # a valid token with some other valid token in its window
+    attends = query_mask & keys.any(dim=-1)  # a valid query with some other valid token
     return out * attends.unsqueeze(-1).to(out.dtype)
 
 
