@@ -1,6 +1,6 @@
 """The ranker's word in the choice among paragraphs (``--task.ranker-weight``): a span's score
 gains beta times its paragraph's BM25+ score less the best read paragraph's, in article rows
-and in ``relmem answer``'s paragraphs; training is unchanged."""
+and in ``relmem answer``'s paragraphs; training takes it too with ``--task.ranker-in-loss``."""
 
 from __future__ import annotations
 
@@ -111,3 +111,44 @@ def test_a_negative_ranker_weight_exits_2(tmp_path: Path, capsys) -> None:
     assert cli.main(args) == 2
     assert "task.ranker_weight must be a finite number >= 0" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("in_loss", [False, True])
+def test_the_loss_takes_the_rankers_word_when_asked(articles_file: Path, in_loss: bool) -> None:  # noqa: F811
+    """``ranker_in_loss``: the cross-entropy is taken on the start scores plus each paragraph's
+    bonus (by hand below), and its gradient reaches the reader's scores; without it, on the
+    reader's scores alone. The chosen answers are the same either way."""
+    task = build(articles_file, top_k=3, ranker_weight=0.9, ranker_in_loss=in_loss)
+    batch = task.sample(6, torch.Generator().manual_seed(0))
+    steps = int(batch.lengths.max()) - task.config.question_tokens
+    segments = task._segments(batch, steps)
+    torch.manual_seed(1)
+    logits = torch.randn(batch.size, 1 + steps, 2, dtype=torch.float64)
+    logits[:, 0] = float("-inf")
+    logits[:, 1:][segments < 0] = float("-inf")
+    logits.requires_grad_(True)
+    measures = task.measure(logits, batch)
+    expected = logits.detach().float().clone()
+    if in_loss:
+        for row in range(batch.size):
+            read = task.contexts[int(batch.targets[row, 3])][int(batch.targets[row, 2])]
+            scores = task.ranker_scores[int(batch.targets[row, 3])][int(batch.targets[row, 2])]
+            assert len(scores) == len(read)
+            for t in range(steps):
+                s = int(segments[row, t])
+                if s >= 0:
+                    expected[row, 1 + t, 0] += 0.9 * (scores[s] - max(scores))
+    gold = batch.targets[:, :2]
+    target = torch.where(gold >= 0, gold + 1, torch.zeros_like(gold))
+    xent = torch.nn.functional.cross_entropy(expected, target, reduction="none").sum(dim=1)
+    assert (gold[:, 0] >= 0).all()
+    torch.testing.assert_close(measures["loss"].value(), xent.mean().float())
+    measures["loss"].value().backward()
+    assert logits.grad is not None and logits.grad[:, 1:].abs().sum() > 0
+    plain = build(articles_file, top_k=3, ranker_weight=0.9)
+    assert task.predicted_texts(logits, batch) == plain.predicted_texts(logits, batch)
+
+
+def test_the_ranker_in_the_loss_needs_articles() -> None:
+    with pytest.raises(ValueError, match="task.ranker_in_loss .* needs --task.document article"):
+        ReadingConfig(ranker_in_loss=True)

@@ -114,7 +114,10 @@ class ReadingConfig:
             span's score gains ``beta`` times its paragraph's BM25+ score less the best read
             paragraph's, ``log`` of the ranker's probability ``softmax(beta * BM25+)`` up to
             a constant (``docs/reading.md`` §7); 0 leaves the reader's choice alone. Training
-            is unchanged.
+            is unchanged unless ``ranker_in_loss``.
+        ranker_in_loss: with ``document`` article, the loss is taken on the reader's start
+            scores plus that same bonus (weight ``ranker_weight``), so the reader learns what
+            the ranker's word leaves to explain: the two experts trained as one product.
         embeddings: a GloVe-format text file (``word v1 .. vD`` per line, D = ``word_size``):
             the word vectors start there, and stay fixed (None: learned from scratch).
         min_word_count: training-file occurrences a word needs to get its own id.
@@ -154,6 +157,7 @@ class ReadingConfig:
     reading: Literal["joined", "windows"] = "joined"
     rank_prior: bool = False
     ranker_weight: float = RANKER_WEIGHT
+    ranker_in_loss: bool = False
     embeddings: Path | None = None
     min_word_count: int = 1
     min_char_count: int = 5
@@ -213,6 +217,11 @@ class ReadingConfig:
                 "--task.document article (a paragraph row has one paragraph)"
             )
         check_ranker_weight(self.ranker_weight, "task.ranker_weight")
+        if self.ranker_in_loss and self.document != "article":
+            raise ValueError(
+                "task.ranker_in_loss adds the ranker's word on each of a row's paragraphs to "
+                "the loss: it needs --task.document article (a paragraph row has one paragraph)"
+            )
         if not 0 <= self.dropout < 1:
             raise ValueError(f"task.dropout must lie in [0, 1), got {self.dropout}")
         self.length_buckets = tuple(self.length_buckets)
@@ -508,12 +517,15 @@ class Reading(Task):
         not align: it is still scored), and the official F1 and exact match of the predicted
         text."""
         logits = logits.float()
+        segments = self._segments(batch, logits.shape[1] - 1).to(logits.device)
+        ranked = self._with_ranker(logits, batch, segments)
         gold = batch.targets[:, :2]
         target = torch.where(gold >= 0, gold + 1, torch.zeros_like(gold))  # 0: no answer
         trainable = (gold[:, 0] >= 0) | ~self._answerable(batch)
-        xent = torch.nn.functional.cross_entropy(logits, target, reduction="none").sum(dim=1)  # [B]
-        loss = torch.where(trainable, xent, torch.zeros_like(xent))
-        texts = self.predicted_texts(logits, batch)
+        trained = ranked if self.config.ranker_in_loss else logits
+        xent = torch.nn.functional.cross_entropy(trained, target, reduction="none").sum(dim=1)
+        loss = torch.where(trainable, xent, torch.zeros_like(xent))  # [B]
+        texts = self._texts(ranked.detach(), batch, segments)
         scores = [
             squad_scores(text, self._question(batch, row).answers) for row, text in enumerate(texts)
         ]
@@ -546,14 +558,24 @@ class Reading(Task):
         best span within one paragraph of the row's context, cut from that paragraph, each
         span's score with its paragraph's ranker bonus (``ranker_weight``)."""
         segments = self._segments(batch, logits.shape[1] - 1).to(logits.device)
+        return self._texts(self._with_ranker(logits.detach(), batch, segments), batch, segments)
+
+    def _with_ranker(self, logits: Tensor, batch: Batch, segments: Tensor) -> Tensor:
+        """``logits [B, 1 + T, 2]`` with each start score plus its paragraph's ranker bonus
+        (``ranker_weight``; ``segments [B, T]``, each token's paragraph in its row): on the
+        start alone, so that a span's score gains it once."""
         scores = [
             self.ranker_scores[int(batch.targets[row, 3])][int(batch.targets[row, 2])]
             for row in range(batch.size)
         ]
         bonus = bonus_by_token(segments, scores, self.config.ranker_weight)  # [B, T]
-        logits = logits.detach().clone()
-        logits[:, 1:, 0] += bonus.to(logits.dtype)  # on the start: once a span
-        first, last, _ = best_spans(logits, self.config.max_answer_tokens, segments)
+        start = torch.cat([logits[:, :1, 0], logits[:, 1:, 0] + bonus.to(logits.dtype)], dim=1)
+        return torch.stack([start, logits[..., 1]], dim=-1)
+
+    def _texts(self, scores: Tensor, batch: Batch, segments: Tensor) -> list[str]:
+        """The answer text of each row's best span under ``scores [B, 1 + T, 2]`` (the
+        ranker's bonus already in), as :meth:`predicted_texts`."""
+        first, last, _ = best_spans(scores, self.config.max_answer_tokens, segments)
         texts = []
         for row in range(batch.size):
             if first[row] < 0:
