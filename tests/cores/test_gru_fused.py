@@ -4,7 +4,11 @@ and backward in float64 and float32, both layouts, gradcheck of the operator alo
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -144,3 +148,20 @@ def test_a_failed_build_warns_once_and_runs_the_module(monkeypatch: pytest.Monke
     torch.testing.assert_close(outs[0], module(x)[0], rtol=0, atol=0)
     with pytest.raises(RuntimeError, match="could not be built \\(c\\+\\+: not found\\)"):
         fused_gru(x, module)
+
+
+def test_the_same_numbers_with_its_gemms_through_aten() -> None:
+    """Where torch carries MKL the loop calls its GEMM directly; with RELMEM_DNC_ATEN_GEMM=1
+    (the switch the DNC's sequence shares, ``cores/csrc/blas_gemm.h``) through ATen: the
+    float64 comparisons above again in a process that takes the ATen way."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+         "equal_nn_gru_in_float64 or gradcheck"],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "RELMEM_DNC_ATEN_GEMM": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "5 passed" in result.stdout, result.stdout[-2000:]

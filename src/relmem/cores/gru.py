@@ -5,7 +5,9 @@ a few products a step, each a dispatch and, in training, an autograd node. At th
 sizes (32 rows of 48 to 96 units a direction, ``docs/performance.md`` §7.9) that bookkeeping is
 most of its time. ``relmem_gru::sequence`` (``csrc/gru_sequence.cpp``) runs the same arithmetic
 with the input's share as one GEMM over every step, the loop on raw pointers, and a
-hand-written backward that forms the weights' and the input's gradients after the loop.
+hand-written backward that forms the weights' and the input's gradients after the loop. Its
+per-step GEMMs call MKL directly where torch carries it, through ATen otherwise or with
+``RELMEM_DNC_ATEN_GEMM=1`` (the switch it shares with the DNC's sequence).
 
 :func:`run_gru` is what callers use: ``module(x)[0]`` through the operator where it can run (a
 one-layer, one-direction ``nn.GRU`` with biases from a zero state; float32 or float64 on the
