@@ -458,3 +458,29 @@ def test_bench_refuses_the_other_cores_names(
     assert main([*argv, "--device", "cpu", "--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_gru_sequence_script_times_both_implementations() -> None:
+    """``benchmarks/gru_sequence.py`` on short sequences: every shape has both implementations'
+    train and infer medians, positive, and the speed-ups are their ratios."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "gru_sequence.py"), "--steps", "3"]
+        + ["--repeat", "1"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root / "src")},
+    )
+    written = json.loads(done.stdout)
+    assert set(written["results"]) == {
+        "reader-cpu-encoder",
+        "reader-cpu-end-head",
+        "reader-cpu-controller-backward",
+        "reader-paper-encoder",
+    }
+    for result in written["results"].values():
+        median = result["median_ms"]
+        assert set(median) == {"nn.GRU train", "nn.GRU infer", "fused train", "fused infer"}
+        assert all(v > 0 for v in median.values())
+        assert result["speedup_train"] == median["nn.GRU train"] / median["fused train"]
