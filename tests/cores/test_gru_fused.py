@@ -165,3 +165,22 @@ def test_the_same_numbers_with_its_gemms_through_aten() -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "5 passed" in result.stdout, result.stdout[-2000:]
+
+
+def test_run_gru_exports_through_the_module() -> None:
+    """Traced by ``torch.export`` (``is_compiling()``), ``run_gru`` runs ``nn.GRU``: the
+    program holds no call of the operator (which has no fake kernel) and equals eager."""
+
+    class Wrapped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gru = nn.GRU(3, 4, batch_first=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return run_gru(x, self.gru)
+
+    module = Wrapped()
+    x = torch.randn(2, 5, 3)
+    program = torch.export.export(module, (x,))
+    assert "relmem_gru" not in str(program.graph)
+    torch.testing.assert_close(program.module()(x), module(x))
