@@ -1,0 +1,19 @@
+#!/bin/bash
+# session 2026-11-29 (8): the ranker's bonus inside the training loss (--task.ranker-in-loss),
+# the fifth round's dnc reader otherwise (article, joined, top-4, rank prior), 800 steps,
+# step-limited, two side by side (no speed reported)
+set -u
+cd /work/main && source .venv/bin/activate
+export PYTHONPATH=/tmp/s8rl/src
+DATA=/work/data/squad/partial/train-v1.1-first-articles.json
+OUT=/work/runs/s8/art
+mkdir -p $OUT
+name=dnc-inloss-seed$1-800
+relmem train squad --task.train-file $DATA --task.held-out-articles 0.2 --task.split-seed 0 \
+  --task.document article --task.rank-prior --task.ranker-in-loss --model dnc --seed $1 \
+  --steps 800 --time-limit-min 150 --out-dir $OUT --run-name $name > $OUT/$name.train.log 2>&1
+for which in best latest; do
+  relmem eval $OUT/$name --checkpoint $OUT/$name/checkpoints/$which --document article \
+    --json-out $OUT/$name.$which.eval.json > $OUT/$name.$which.eval.log 2>&1
+done
+echo "$(date +%T) $name done" >> /work/runs/s8/progress
