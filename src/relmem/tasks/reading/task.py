@@ -518,11 +518,12 @@ class Reading(Task):
         text."""
         logits = logits.float()
         segments = self._segments(batch, logits.shape[1] - 1).to(logits.device)
-        ranked = self._with_ranker(logits, batch, segments)
+        in_loss = self.config.ranker_in_loss  # else the bonus needs no gradient
+        ranked = self._with_ranker(logits if in_loss else logits.detach(), batch, segments)
         gold = batch.targets[:, :2]
         target = torch.where(gold >= 0, gold + 1, torch.zeros_like(gold))  # 0: no answer
         trainable = (gold[:, 0] >= 0) | ~self._answerable(batch)
-        trained = ranked if self.config.ranker_in_loss else logits
+        trained = ranked if in_loss else logits
         xent = torch.nn.functional.cross_entropy(trained, target, reduction="none").sum(dim=1)
         loss = torch.where(trainable, xent, torch.zeros_like(xent))  # [B]
         texts = self._texts(ranked.detach(), batch, segments)
