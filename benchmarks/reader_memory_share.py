@@ -21,6 +21,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,6 +36,21 @@ def seconds(step, *args) -> float:
     return time.perf_counter() - start
 
 
+def cpu_readers(file: Path) -> tuple[Any, Any, dict[str, torch.nn.Module]]:
+    """The ``squad`` ``cpu`` preset's config and task on ``file`` split by article (20% held
+    out), and its ``none`` and ``dnc`` readers in training mode, each built from seed 0:
+    ``(config, task, {name: reader})``. Also :mod:`reader_parts`'s."""
+    config = get_preset("squad", "cpu")
+    config.task.train_file, config.task.held_out_articles = file, 0.2
+    task = get_task("squad").build(config.task)
+    readers = {}
+    for name in ("none", "dnc"):
+        config.model = name
+        torch.manual_seed(0)
+        readers[name] = build_model(config, task).train()
+    return config, task, readers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--file", type=Path, required=True, help="a SQuAD-layout train file")
@@ -42,16 +58,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=4)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    config = get_preset("squad", "cpu")
-    config.task.train_file, config.task.held_out_articles = args.file, 0.2
-    task = get_task("squad").build(config.task)
+    config, task, readers = cpu_readers(args.file)
     generator = torch.Generator().manual_seed(0)
     batches = [task.sample(config.batch_size, generator) for _ in range(args.batches)]
-    readers = {}
-    for name in ("none", "dnc"):
-        config.model = name
-        torch.manual_seed(0)
-        readers[name] = build_model(config, task).train()
     memory = readers["dnc"].memory[0]
     seen: list = []
     hook = memory.register_forward_hook(lambda m, i, o: seen.append(i) if not seen else None)

@@ -27,11 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from reader_memory_share import cpu_readers  # benchmarks/reader_memory_share.py, beside this
 from torch import Tensor
 
 from relmem.models.reader import _lengths_mask, windowed_self_attention
-from relmem.tasks import get_preset, get_task
-from relmem.train.runs import build_model
 
 
 def median_ms(call: Callable[[], None], repeat: int) -> float:
@@ -63,15 +62,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    config = get_preset("squad", "cpu")
-    config.task.train_file, config.task.held_out_articles = args.file, 0.2
-    task = get_task("squad").build(config.task)
+    config, task, readers = cpu_readers(args.file)
     batch = task.sample(config.batch_size, torch.Generator().manual_seed(0))
-    readers = {}
-    for name in ("none", "dnc"):
-        config.model = name
-        torch.manual_seed(0)
-        readers[name] = build_model(config, task).train()
     reader = readers["dnc"]
     q = reader.options.question_block
     context_lengths = batch.lengths - q
