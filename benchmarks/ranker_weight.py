@@ -1,9 +1,11 @@
 """Fit the ranker's weight beta (``--task.ranker-weight``, ``RANKER_WEIGHT``) by likelihood.
 
 The ranker's probability that paragraph p of the K an article's question reads holds its
-answer is ``softmax(beta * BM25+)`` over those K; beta maximises the log-likelihood of the
-gold paragraphs of a SQuAD-layout file's answerable questions whose gold is among their K
-best (the objective is concave in beta: Newton's method from 0.5). With ``--held-out-articles``
+answer is ``softmax(beta * score)`` over those K (``--ranker``: ``bm25``, whose beta this fit
+chose, or ``bm25-proximity``, whose weights ``benchmarks/ranker_fit.py`` fit at beta 0.7);
+beta maximises the log-likelihood of the gold paragraphs of a SQuAD-layout file's answerable
+questions whose gold is among their K best (the objective is concave in beta: Newton's method
+from 0.5). With ``--held-out-articles``
 the held-out articles (drawn as ``relmem train squad`` draws them) are left out of the fit and
 scored apart: their log-likelihood at the fitted beta and the beta they alone would give,
 which says how well the fit carries to unseen articles. Prints one line per K and, with
@@ -23,16 +25,17 @@ from pathlib import Path
 import numpy as np
 
 from relmem.tasks.reading.articles import rank_in_articles
+from relmem.tasks.reading.ranking import RANKERS, Ranker
 from relmem.tasks.reading.sources import held_out_articles
 from relmem.tasks.reading.squad import SquadFile, read_squad
 
 
-def candidates(squad: SquadFile, k: int, held: set[str]) -> tuple[list, list]:
+def candidates(squad: SquadFile, k: int, held: set[str], ranker: Ranker) -> tuple[list, list]:
     """``(fit, unseen)``: per answerable question of ``squad`` whose gold paragraph is among
     its ``k`` best (0: all), ``(scores [k], gold position)``, split by its article's title."""
     answerable = [i for i, q in enumerate(squad.questions) if q.answerable]
     fit, unseen = [], []
-    for i, ranking in rank_in_articles(squad, answerable).items():
+    for i, ranking in rank_in_articles(squad, answerable, ranker).items():
         read = ranking.paragraphs[:k] if k else ranking.paragraphs
         own = squad.questions[i].paragraph
         if own in read:
@@ -75,6 +78,7 @@ def main() -> None:
     parser.add_argument("--held-out-articles", type=float, default=None)
     parser.add_argument("--split-seed", type=int, default=0)
     parser.add_argument("--k", type=int, nargs="+", default=[4], help="paragraphs read (0: all)")
+    parser.add_argument("--ranker", choices=RANKERS, default="bm25")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     squad = read_squad(args.file)
@@ -83,7 +87,7 @@ def main() -> None:
         held = held_out_articles(squad, args.held_out_articles, args.split_seed)
     results = []
     for k in args.k:
-        fit, unseen = candidates(squad, k, held)
+        fit, unseen = candidates(squad, k, held, args.ranker)
         beta = fit_beta(fit)
         line = {"k": k, "questions": len(fit), "beta": round(beta, 4),
                 "log_likelihood": round(log_likelihood(beta, fit)[0], 4)}  # fmt: skip
@@ -101,6 +105,7 @@ def main() -> None:
             json.dumps(
                 {
                     "file": str(args.file),
+                    "ranker": args.ranker,
                     "held_out": sorted(held),
                     "machine": machine,
                     "results": results,

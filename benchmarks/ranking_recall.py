@@ -5,8 +5,10 @@ Each answerable question of a SQuAD-layout file is ranked among its own article'
 whose own paragraph is among the k best. The candidates: scikit-learn's ``TfidfVectorizer``
 (cosine similarity; as it comes, and with English stop words and sublinear term frequency),
 ``bm25s`` (its default Lucene BM25, and BM25+) and ``rank_bm25`` (Okapi BM25 and BM25+), all
-BM25s with k1 1.5 and b 0.75 over the same lower-cased words, and the ranker ``relmem answer``
-uses (``relmem.tasks.reading.ranking``). Each missing library's rows are left out. Prints a
+BM25s with k1 1.5 and b 0.75 over the same lower-cased words, and the library's two rankers
+(``relmem.tasks.reading.ranking``: ``bm25``, and ``bm25-proximity``, which ``relmem answer``
+and article runs use by default; its weights were fit on SQuAD training articles, so measure
+it on others). Each missing library's rows are left out. Prints a
 Markdown table and, with ``--json``, one JSON object per ranker with the machine.
 
     python benchmarks/ranking_recall.py --file dev-v1.1.json
@@ -26,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from relmem.tasks.reading.ranking import ParagraphIndex
+from relmem.tasks.reading.ranking import Ranker as LibraryRanker
 
 KS = (1, 2, 4, 8)
 # a ranker: (the article's paragraphs, its questions) -> [questions, paragraphs] scores
@@ -72,10 +75,14 @@ def rank_bm25_ranker(variant: str) -> Ranker:
     return scores
 
 
-def library_scores(paragraphs: list[str], questions: list[str]) -> np.ndarray:
-    """The ranker of ``relmem answer`` (:class:`ParagraphIndex`)."""
-    index = ParagraphIndex(paragraphs)
-    return np.stack([index.scores(q) for q in questions])
+def library_ranker(name: LibraryRanker) -> Ranker:
+    """The library's ranker ``name`` (:class:`ParagraphIndex`)."""
+
+    def scores(paragraphs: list[str], questions: list[str]) -> np.ndarray:
+        index = ParagraphIndex(paragraphs, name)
+        return np.stack([index.scores(q) for q in questions])
+
+    return scores
 
 
 CANDIDATES: dict[str, Callable[[], Ranker]] = {
@@ -87,7 +94,10 @@ CANDIDATES: dict[str, Callable[[], Ranker]] = {
     "bm25s BM25(method='bm25+')": lambda: bm25s_ranker("bm25+"),
     "rank_bm25 BM25Okapi": lambda: rank_bm25_ranker("BM25Okapi"),
     "rank_bm25 BM25Plus": lambda: rank_bm25_ranker("BM25Plus"),
-    "relmem (ranking.ParagraphIndex)": lambda: library_scores,
+    "relmem bm25 (ranking.ParagraphIndex)": lambda: library_ranker("bm25"),
+    "relmem bm25-proximity (ranking.ParagraphIndex, the default)": lambda: library_ranker(
+        "bm25-proximity"
+    ),
 }
 
 

@@ -401,7 +401,10 @@ def test_train_and_eval_reading_articles(articles_file: Path, tmp_path: Path, ca
         (folder / name).write_bytes(articles_file.read_bytes())
     article = ["--task.document", "article", "--task.top-k", "2"]
     assert cli.main(train_args(folder, tmp_path, "article", *article)) == 0
-    assert "articles (joined): the 2 best BM25+ ranked paragraphs a row" in capsys.readouterr().err
+    assert (
+        "articles (joined, bm25-proximity ranked): the 2 best paragraphs a row"
+        in capsys.readouterr().err
+    )
     run = tmp_path / "article"
     config = json.loads((run / "config.json").read_text())["task"]
     assert (config["document"], config["top_k"]) == ("article", 2)

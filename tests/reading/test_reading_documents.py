@@ -13,8 +13,9 @@ from reading_sample import train_args
 
 from relmem import cli
 from relmem.tasks.reading.documents import read_articles, read_held_out_articles
-from relmem.tasks.reading.ranking import RANKER_WEIGHT
+from relmem.tasks.reading.ranking import DEFAULT_RANKER, RANKER_WEIGHT
 from relmem.tasks.reading.squad import Question, SquadFile
+from relmem.tasks.reading.task import ReadingConfig
 from relmem.train.runs import load_trained
 
 
@@ -36,6 +37,7 @@ class Reader:
 
     def __init__(self) -> None:
         self.texts: list[str] = []
+        self.config = ReadingConfig()  # its ranker ranks the paragraphs for the recall
 
     def __call__(self, text, questions, *, paragraphs):
         self.texts.append(text)
@@ -96,8 +98,11 @@ def test_eval_reports_the_article_level_beside_the_paragraph_level(
     assert not math.isnan(article["official"]["all"]["f1"])
     assert article["predictions"] == "eval-predictions-held-out-article.json"
     assert record["ranker_weight"] == RANKER_WEIGHT  # the run's own, the default
-    assert cli.main([*argv, "--ranker-weight", "0"]) == 0
-    assert json.loads(out.read_text())["ranker_weight"] == 0
+    assert record["ranker"] == DEFAULT_RANKER
+    assert cli.main([*argv, "--ranker-weight", "0", "--ranker", "bm25"]) == 0
+    again = json.loads(out.read_text())
+    assert again["ranker_weight"] == 0 and again["ranker"] == "bm25"
+    assert "(bm25 ranked;" in capsys.readouterr().out
     written = json.loads((tmp_path / article["predictions"]).read_text())
     assert set(written) == set(json.loads((tmp_path / record["predictions"]).read_text()))
 
@@ -108,6 +113,7 @@ def test_eval_reports_the_article_level_beside_the_paragraph_level(
         (["--document", "article", "--paragraphs", "-1"], "--paragraphs -1: read at least 1"),
         (["--document", "chapter"], "chapter"),
         (["--ranker-weight", "nan"], "--ranker-weight must be a finite number >= 0"),
+        (["--ranker", "tfidf"], "tfidf"),
     ],
 )
 def test_bad_document_options_are_refused(run: Path, tmp_path: Path, capsys, options, message):
@@ -133,4 +139,7 @@ def test_document_article_on_a_task_without_documents(tmp_path: Path, capsys) ->
     assert cli.main(argv) == 2
     error = capsys.readouterr().err
     assert "--ranker-weight: nth-farthest runs choose among no paragraphs" in error
+    argv = ["eval", str(tmp_path / "nth"), "--ranker", "bm25", "--json-out", str(out)]
+    assert cli.main(argv) == 2
+    assert "--ranker: nth-farthest runs rank no paragraphs" in capsys.readouterr().err
     assert not out.exists()

@@ -18,7 +18,13 @@ from relmem import cli
 from relmem.tasks.reading import answer, load_reader
 from relmem.tasks.reading.answer import AnswerReader, top_spans
 from relmem.tasks.reading.data import Vocabulary
-from relmem.tasks.reading.ranking import Paragraph, ParagraphIndex, split_paragraphs
+from relmem.tasks.reading.ranking import (
+    RANKERS,
+    Paragraph,
+    ParagraphIndex,
+    Ranker,
+    split_paragraphs,
+)
 from relmem.tasks.reading.task import ReadingConfig
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "squad" / "sample-v1.1.json"
@@ -68,8 +74,9 @@ def test_a_5_mb_line_is_cut_into_bounded_windows() -> None:
     assert sum(w.text.endswith(".") for w in windows) > 0.9 * len(windows)
 
 
-def test_the_gold_paragraph_ranks_first() -> None:
-    index = ParagraphIndex(CONTEXTS)
+@pytest.mark.parametrize("ranker", RANKERS)
+def test_the_gold_paragraph_ranks_first(ranker: Ranker) -> None:
+    index = ParagraphIndex(CONTEXTS, ranker)
     for question, gold in [
         ("Who built the Bell Rock Lighthouse?", 0),
         ("Where did the keepers' families live?", 1),
@@ -81,7 +88,7 @@ def test_the_gold_paragraph_ranks_first() -> None:
         assert index.scores(question).shape == (len(CONTEXTS),)
     assert sorted(index.top("bees", 0)) == list(range(len(CONTEXTS)))
     assert len(index.top("bees", 100)) == len(CONTEXTS)
-    repeated = ParagraphIndex([CONTEXTS[0], CONTEXTS[3], CONTEXTS[0]])
+    repeated = ParagraphIndex([CONTEXTS[0], CONTEXTS[3], CONTEXTS[0]], ranker)
     assert repeated.top("Who built the Bell Rock Lighthouse?", 0) == [0, 1]  # the copy: once
 
 

@@ -1,5 +1,5 @@
 """The ranker's word in the choice among paragraphs (``--task.ranker-weight``): a span's score
-gains beta times its paragraph's BM25+ score less the best read paragraph's, in article rows
+gains beta times its paragraph's ranker score less the best read paragraph's, in article rows
 and in ``relmem answer``'s paragraphs; training takes it too with ``--task.ranker-in-loss``."""
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ from relmem import cli
 from relmem.tasks.reading.answer import AnswerReader
 from relmem.tasks.reading.articles import bonus_by_token
 from relmem.tasks.reading.data import Vocabulary
-from relmem.tasks.reading.ranking import RANKER_WEIGHT, ParagraphIndex, split_paragraphs
+from relmem.tasks.reading.ranking import (
+    RANKER_WEIGHT,
+    RANKERS,
+    ParagraphIndex,
+    Ranker,
+    split_paragraphs,
+)
 from relmem.tasks.reading.task import HELD_OUT, ReadingConfig, best_spans
 
 
@@ -32,14 +38,15 @@ TEXT = "Karl kept bees.\n\nFrisch decoded the waggle dance of honey bees."
 QUESTION = "Who decoded the waggle dance?"
 
 
-@pytest.mark.parametrize("weight", [0.0, RANKER_WEIGHT, 3.0])
-def test_answer_weighs_the_ranker_beside_the_reader(weight: float) -> None:
-    config = ReadingConfig(ranker_weight=weight)
+@pytest.mark.parametrize("ranker", RANKERS)
+@pytest.mark.parametrize("weight", [0.0, RANKER_WEIGHT, 1.0])
+def test_answer_weighs_the_ranker_beside_the_reader(ranker: Ranker, weight: float) -> None:
+    config = ReadingConfig(ranker=ranker, ranker_weight=weight)
     # a reader that scores "karl" (id 2) 5 and "frisch" (id 3) 4 as start and end, every
     # other token -3, and "no answer" never
     spotter = Spotter({2: 5.0, 3: 4.0}, other=-3.0, null=float("-inf"))
     reader = AnswerReader(Vocabulary(("karl", "frisch"), ("a",)), config, spotter)
-    scores = ParagraphIndex([p.text for p in split_paragraphs(TEXT)]).scores(QUESTION)
+    scores = ParagraphIndex([p.text for p in split_paragraphs(TEXT)], ranker).scores(QUESTION)
     assert scores[1] > scores[0]  # the ranker puts Frisch's paragraph first
     karl, frisch = 10.0 + weight * (scores[0] - scores[1]), 8.0  # start + end, with the bonus
     result = reader(TEXT, QUESTION, paragraphs=0, top=2)
@@ -48,7 +55,7 @@ def test_answer_weighs_the_ranker_beside_the_reader(weight: float) -> None:
     assert (result.text, result.score) == pytest.approx(best)
     assert (result.alternatives[0].text, result.alternatives[0].score) == pytest.approx(second)
     assert weight != 0 or result.text == "Karl"
-    assert weight != 3.0 or result.text == "Frisch"
+    assert weight != 1.0 or result.text == "Frisch"
     # the probability stays the reader's own: one softmax over both paragraphs' 13 tokens
     norm = math.exp(5) + math.exp(4) + 11 * math.exp(-3)
     found = {a.text: a.probability for a in (result, *result.alternatives)}

@@ -20,7 +20,7 @@ import tyro
 from relmem.commands.errors import describe_error
 from relmem.files import FileRefused, read_bytes
 from relmem.tasks.reading.answer import PARAGRAPHS, Answer, check_text
-from relmem.tasks.reading.ranking import check_ranker_weight
+from relmem.tasks.reading.ranking import Ranker, check_ranker_weight
 from relmem.train.checkpoint import CheckpointError
 from relmem.train.distributed import resolve_device
 
@@ -38,6 +38,8 @@ class AnswerArgs:
         top: print the N best answers, each from another span.
         checkpoint: a checkpoint directory instead of the run's best.
         device: auto, cpu, cuda or mps.
+        ranker: what ranks the paragraphs against each question (None: the reader's own
+            ``task.ranker``; ``docs/reading.md`` §6).
         ranker_weight: how much the ranker's word weighs beside the reader's when the answer
             is chosen among paragraphs (None: the reader's own ``task.ranker_weight``; 0: the
             reader's choice alone; ``docs/reading.md`` §7).
@@ -50,6 +52,7 @@ class AnswerArgs:
     top: int = 1
     checkpoint: Path | None = None
     device: str = "cpu"
+    ranker: Ranker | None = None
     ranker_weight: float | None = None
 
 
@@ -134,6 +137,8 @@ def main(argv: list[str]) -> int:
         if args.ranker_weight is not None:
             check_ranker_weight(args.ranker_weight, "--ranker-weight")
         reader = load_reader(args.run_dir, args.checkpoint, str(resolve_device(args.device)))
+        if args.ranker is not None:
+            reader.config = replace(reader.config, ranker=args.ranker)
         if args.ranker_weight is not None:
             reader.config = replace(reader.config, ranker_weight=args.ranker_weight)
         answers = reader(

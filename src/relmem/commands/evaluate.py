@@ -29,7 +29,7 @@ from relmem.commands.errors import describe_error
 from relmem.files import FileRefused, file_digest, open_regular, read_json
 from relmem.tasks.base import MetricSpec
 from relmem.tasks.reading.documents import read_held_out_articles
-from relmem.tasks.reading.ranking import check_ranker_weight
+from relmem.tasks.reading.ranking import Ranker, check_ranker_weight
 from relmem.tasks.reading.task import Reading
 from relmem.tasks.registry import get_task
 from relmem.train.checkpoint import (
@@ -75,9 +75,11 @@ class EvalArgs:
         data: a file to evaluate on instead of the run's held-out set, for a task that reads
             one (``squad``: any SQuAD-layout file; ``docs/reading.md``).
         document: ``article`` (a reader): also answer each held-out question from its whole
-            article, the ``--paragraphs`` best BM25+ ranked paragraphs of it read, and report
+            article, the ``--paragraphs`` best ranked paragraphs of it read, and report
             those figures beside the paragraph's (``docs/reading.md`` §7).
         paragraphs: with ``--document article``, the paragraphs read per question (0: all).
+        ranker: a reader: what ranks an article's paragraphs (``--task.ranker``; None: the
+            run's own; ``bm25`` reads as every run before 2026-11-29 was read).
         ranker_weight: a reader: how much the ranker's word weighs when the answer is chosen
             among paragraphs (``--task.ranker-weight``; None: the run's own; 0: the reader's
             choice alone, as every run was read before 2026-11-29).
@@ -93,6 +95,7 @@ class EvalArgs:
     data: Path | None = None
     document: Literal["paragraph", "article"] = "paragraph"
     paragraphs: int = 4
+    ranker: Ranker | None = None
     ranker_weight: float | None = None
 
 
@@ -113,7 +116,11 @@ def main(argv: list[str]) -> int:
             args.run_dir, args.checkpoint, device, args.max_parameters, prefer_best=True
         )
         step = _step_of(ckpt)  # now: a running trainer may prune the checkpoint meanwhile
-        if args.test_size is not None or args.data is not None:
+        if args.ranker is not None:  # before the task is built: its rows are ranked then
+            if not hasattr(config.task, "ranker"):
+                raise ValueError(f"--ranker: {task_name} runs rank no paragraphs")
+            config.task.ranker = args.ranker
+        if args.test_size is not None or args.data is not None or args.ranker is not None:
             if args.test_size is not None and args.test_size < 1:
                 raise ValueError(f"--test-size must be >= 1, got {args.test_size}")
             if args.test_size is not None:
@@ -193,8 +200,8 @@ def main(argv: list[str]) -> int:
         read = "all the paragraphs" if reading.paragraphs == 0 else f"the {reading.paragraphs} best"
         print(
             f"article-level: each question answered from {read} of its article's paragraphs "
-            f"(BM25+ ranked; {reading.articles} articles); its own paragraph among those read "
-            f"for {reading.recall:.1%} of the answerable questions"
+            f"({task.config.ranker} ranked; {reading.articles} articles); its own paragraph "
+            f"among those read for {reading.recall:.1%} of the answerable questions"
         )
         _print_official(article_official)
         article_predictions = _predictions_path(args, "-article")
@@ -216,7 +223,11 @@ def main(argv: list[str]) -> int:
         **({"more_held_out": more} if more else {}),
         **({} if official is None else {"official": official, "predictions": predictions.name}),
         **article_fields,
-        **({"ranker_weight": task.config.ranker_weight} if isinstance(task, Reading) else {}),
+        **(
+            {"ranker": task.config.ranker, "ranker_weight": task.config.ranker_weight}
+            if isinstance(task, Reading)
+            else {}
+        ),
     }
     return _write_record(args, task_name, config.model, ckpt, step, fields)
 

@@ -46,7 +46,7 @@ class Answer:
         line: the line of the context (from 1) on which it starts (0 for none).
         score: the reader's start plus end score for it (comparable across the paragraphs of
             one question, as the reader was trained with one softmax over a whole context),
-            plus its paragraph's ranker bonus: ``ranker_weight`` times the paragraph's BM25+
+            plus its paragraph's ranker bonus: ``ranker_weight`` times the paragraph's ranker
             score less the best ranked one's (0 in the best ranked paragraph).
         alternatives: with ``top`` N, the N - 1 next best answers, best first: each another
             text, and no two overlapping in one paragraph.
@@ -68,8 +68,9 @@ class AnswerReader:
 
     A context is cut into paragraphs (blank-line separated, long ones into windows of at most
     :data:`~relmem.tasks.reading.ranking.MAX_TOKENS` tokens), ranked against each question by
-    BM25, and the best few read, each as its own context (with its rank, for a reader trained
-    with a rank prior), in one batch; the answer is the best span over all of them.
+    its ``config.ranker``, and the best few read, each as its own context (with its rank, for
+    a reader trained with a rank prior), in one batch; the answer is the best span over all
+    of them.
 
     Args:
         vocabulary: the words and characters it was trained with (what its ids mean).
@@ -123,7 +124,7 @@ class AnswerReader:
                 raise ValueError(f"question {number} is empty")
             check_text(f"question {number}", question)
         parts = split_paragraphs(context)
-        index = ParagraphIndex([p.text for p in parts])
+        index = ParagraphIndex([p.text for p in parts], self.config.ranker)
         ranked = [index.ranked(question, paragraphs) for question in asked]
         chosen = [picked for picked, _ in ranked]  # [questions][k]
         read = sorted({i for picked in chosen for i in picked})  # paragraphs read, in order

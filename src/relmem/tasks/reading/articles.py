@@ -2,8 +2,8 @@
 (``relmem train squad --task.document article``; ``docs/reading.md`` §7).
 
 An article is the paragraphs of one title, in file order. Each question's article is ranked
-against it by BM25+ (:class:`~relmem.tasks.reading.ranking.ParagraphIndex`, one index per
-article), and its row reads ``top_k`` of those paragraphs joined in article order as one
+against it by the ranker (:class:`~relmem.tasks.reading.ranking.ParagraphIndex`, one index
+per article), and its row reads ``top_k`` of those paragraphs joined in article order as one
 context: a training row its own paragraph and the best ranked others (distractors), a
 held-out row the best ranked, its own among them or not, as a reader given the article and not
 the paragraph would read it. The reader's one softmax over a row's whole context then
@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from relmem.tasks.reading.ranking import ParagraphIndex, ranker_bonus
+from relmem.tasks.reading.ranking import DEFAULT_RANKER, ParagraphIndex, Ranker, ranker_bonus
 from relmem.tasks.reading.squad import SquadFile
 
 __all__ = [
@@ -61,15 +61,17 @@ class Ranking(NamedTuple):
 
     Attributes:
         paragraphs: the article's paragraphs (indices into ``SquadFile.contexts``), best first.
-        scores: their BM25+ scores for the question, in the same order (non-increasing).
+        scores: their ranker scores for the question, in the same order (non-increasing).
     """
 
     paragraphs: list[int]
     scores: list[float]
 
 
-def rank_in_articles(squad: SquadFile, questions: Iterable[int]) -> dict[int, Ranking]:
-    """Each question's article ranked against it by BM25+, one index built per article:
+def rank_in_articles(
+    squad: SquadFile, questions: Iterable[int], ranker: Ranker = DEFAULT_RANKER
+) -> dict[int, Ranking]:
+    """Each question's article ranked against it by ``ranker``, one index built per article:
     ``{question: Ranking}``. A paragraph whose text repeats an earlier one's is left out, and
     a question's own paragraph stands in the place of its twin (so that its gold span is read
     where the text is)."""
@@ -77,7 +79,7 @@ def rank_in_articles(squad: SquadFile, questions: Iterable[int]) -> dict[int, Ra
     ranked: dict[int, Ranking] = {}
     for title, mine in squad.questions_by_article(questions).items():
         paragraphs = members[title]
-        index = ParagraphIndex([squad.contexts[p] for p in paragraphs])
+        index = ParagraphIndex([squad.contexts[p] for p in paragraphs], ranker)
         for i in mine:
             own = squad.questions[i].paragraph
             order, scores = index.ranked(squad.questions[i].text, 0)
@@ -136,7 +138,7 @@ def bonus_by_token(segments: Tensor, scores: Sequence[Sequence[float]], weight: 
     Args:
         segments: ``[B, T]`` int64, each context token's paragraph in its row (-1 for padding
             and gaps).
-        scores: per row, its paragraphs' BM25+ scores in row order.
+        scores: per row, its paragraphs' ranker scores in row order.
         weight: beta (0: nothing added).
 
     Returns:

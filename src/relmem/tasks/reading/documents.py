@@ -4,7 +4,7 @@ holding the document rather than the right paragraph would ask it (``relmem eval
 
 An article's paragraphs are joined in file order, a blank line apart, and handed with all of
 its questions to :class:`~relmem.tasks.reading.answer.AnswerReader`, which reads each
-question's ``paragraphs`` best BM25+ ranked paragraphs (:mod:`~relmem.tasks.reading.ranking`)
+question's ``paragraphs`` best ranked paragraphs (:mod:`~relmem.tasks.reading.ranking`)
 and answers with the best span over all of them. Beside the answers, the ranker's recall: the
 share of answerable questions whose own paragraph was among those read, which bounds what the
 reader's confidence across paragraphs can recover.
@@ -75,7 +75,7 @@ def read_articles(
         text = PARAGRAPH_BREAK.join(texts)
         parts = split_paragraphs(text)
         source = [members[bisect.bisect_right(starts, part.start) - 1] for part in parts]
-        index = ParagraphIndex([part.text for part in parts])
+        index = ParagraphIndex([part.text for part in parts], reader.config.ranker)
         answers = reader(text, [squad.questions[i].text for i in asked], paragraphs=paragraphs)
         assert isinstance(answers, list)
         for i, found_answer in zip(asked, answers, strict=True):

@@ -10,7 +10,7 @@ the predicted *text* against every reference answer (:mod:`relmem.tasks.reading.
 reported overall and by context length (the groups).
 
 A row's context is the question's own paragraph, or with ``--task.document article`` the
-``--task.top-k`` paragraphs of its article that BM25+ ranks best, joined in article order
+``--task.top-k`` paragraphs of its article that the ranker puts first, joined in article order
 (:mod:`relmem.tasks.reading.articles`): a training row holds its own paragraph and the best
 ranked others as distractors, a held-out row the best ranked whether or not its own is among
 them. The softmax over the joined context is then the shared normalisation across the
@@ -58,7 +58,12 @@ from relmem.tasks.reading.data import (
 )
 from relmem.tasks.reading.embeddings import read_word_vectors
 from relmem.tasks.reading.metric import score_predictions, squad_scores
-from relmem.tasks.reading.ranking import RANKER_WEIGHT, check_ranker_weight
+from relmem.tasks.reading.ranking import (
+    DEFAULT_RANKER,
+    RANKER_WEIGHT,
+    Ranker,
+    check_ranker_weight,
+)
 from relmem.tasks.registry import register_task
 from relmem.validation import check_at_least
 
@@ -94,7 +99,7 @@ class ReadingConfig:
         split_seed: draws the held-out articles.
         test_size: evaluate on the first N held-out questions only (None: all).
         document: what a question's row reads: ``paragraph``, its own paragraph; ``article``,
-            ``top_k`` paragraphs of its article ranked against it by BM25+, joined in article
+            ``top_k`` paragraphs of its article ranked against it by ``ranker``, joined in article
             order: for training its own and the best ranked others, for evaluation the best
             ranked, its own among them or not (``docs/reading.md`` §7).
         top_k: with ``document`` article, the paragraphs a row reads (0: all of its
@@ -105,14 +110,18 @@ class ReadingConfig:
             paragraph into the next; ``windows``, each on its own, one padding step apart
             (``docs/reading.md`` §7). Either way one softmax spans every paragraph read.
         rank_prior: with ``document`` article, the reader also learns a start and an end
-            score for each rank of a paragraph among its row's (BM25+ order; ranks past
+            score for each rank of a paragraph among its row's (the ranker's order; ranks past
             ``top_k`` share the last, 8 when ``top_k`` is 0), added to its tokens' scores: the
             ranker's word on which paragraph holds the answer, weighed beside the reader's own
             under the one softmax.
+        ranker: what ranks an article's paragraphs against a question (``docs/reading.md``
+            §6): ``bm25-proximity``, BM25+ over its content words and word pairs and how
+            close its words stand, weighed as fit on SQuAD training articles; ``bm25``, BM25+
+            over its words (every run before 2026-11-29 ranked so).
         ranker_weight: beta, what the ranker's word weighs when the answer is chosen among
             several paragraphs (a row of an article, or ``relmem answer``'s paragraphs): each
-            span's score gains ``beta`` times its paragraph's BM25+ score less the best read
-            paragraph's, ``log`` of the ranker's probability ``softmax(beta * BM25+)`` up to
+            span's score gains ``beta`` times its paragraph's ranker score less the best read
+            paragraph's, ``log`` of the ranker's probability ``softmax(beta * score)`` up to
             a constant (``docs/reading.md`` §7); 0 leaves the reader's choice alone. Training
             is unchanged unless ``ranker_in_loss``.
         ranker_in_loss: with ``document`` article, the loss is taken on the reader's start
@@ -156,6 +165,7 @@ class ReadingConfig:
     top_k: int = 4
     reading: Literal["joined", "windows"] = "joined"
     rank_prior: bool = False
+    ranker: Ranker = DEFAULT_RANKER
     ranker_weight: float = RANKER_WEIGHT
     ranker_in_loss: bool = False
     embeddings: Path | None = None
@@ -280,7 +290,7 @@ class Reading(Task):
             (:mod:`~relmem.tasks.reading.articles`).
         ranks: as ``contexts``, each row paragraph's rank among its row's (from 1, the best
             ranked; a question's own paragraph read alone is 1).
-        ranker_scores: as ``contexts``, each row paragraph's BM25+ score for the question (0
+        ranker_scores: as ``contexts``, each row paragraph's ranker score for the question (0
             for a question's own paragraph read alone).
         context_tokens: by split, ``[N]`` int64 each question's row context tokens (before
             ``max_context_tokens`` cuts a training row).
@@ -381,7 +391,7 @@ class Reading(Task):
         paragraph, or with ``document`` article (for the questions ``index [N]``) those of its
         article ranked against it (:func:`~relmem.tasks.reading.articles.training_paragraphs`
         when ``training``, else :func:`~relmem.tasks.reading.articles.held_out_paragraphs`);
-        and, as those lists, each paragraph's rank among its row's (from 1) and its BM25+
+        and, as those lists, each paragraph's rank among its row's (from 1) and its ranker
         score (0 for a paragraph read alone)."""
         questions = encoded.squad.questions
         contexts = [[q.paragraph] for q in questions]
@@ -390,7 +400,9 @@ class Reading(Task):
         if self.config.document == "paragraph":
             return contexts, ranks, scores
         top_k, most = self.config.top_k, self.config.max_context_tokens
-        for i, ranked in rank_in_articles(encoded.squad, index.tolist()).items():
+        for i, ranked in rank_in_articles(
+            encoded.squad, index.tolist(), self.config.ranker
+        ).items():
             own, order = questions[i].paragraph, ranked.paragraphs
             contexts[i] = (
                 training_paragraphs(order, own, top_k, encoded.sizes, most, self.gap)
@@ -434,7 +446,8 @@ class Reading(Task):
         recall = f"{found / len(answerable):.1%}" if answerable else "n/a"
         read = "all" if self.config.top_k == 0 else f"the {self.config.top_k} best"
         return (
-            f"articles ({self.config.reading}): {read} BM25+ ranked paragraphs a row, "
+            f"articles ({self.config.reading}, {self.config.ranker} ranked): {read} paragraphs "
+            "a row, "
             f"{sum(train) / len(train):.2f} a training row (own + distractors within "
             "max_context_tokens), "
             f"{sum(held) / max(len(held), 1):.2f} a held-out row, holding the question's own "
