@@ -22,6 +22,8 @@ from relmem.tasks.reading.ranking import (
     word_pairs,
     words,
 )
+from relmem.tasks.reading.task import ReadingConfig
+from relmem.train.config import config_from_dict
 
 
 def test_stem_cuts_one_ending_and_keeps_short_words() -> None:
@@ -133,3 +135,10 @@ def test_bm25_is_bm25_plus_over_every_word() -> None:
 def test_an_unknown_ranker_is_refused() -> None:
     with pytest.raises(ValueError, match="ranker must be one of bm25, bm25-proximity, got 'tfidf'"):
         ParagraphIndex(TEXTS, "tfidf")  # type: ignore[arg-type]
+
+
+def test_a_config_without_a_ranker_means_bm25() -> None:
+    assert ReadingConfig().ranker == "bm25-proximity"  # a new run's
+    assert config_from_dict(ReadingConfig, {}).ranker == "bm25"  # a config.json from before
+    for ranker in ("bm25", "bm25-proximity"):
+        assert config_from_dict(ReadingConfig, {"ranker": ranker}).ranker == ranker

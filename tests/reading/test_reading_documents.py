@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,20 @@ def test_eval_reports_the_article_level_beside_the_paragraph_level(
     assert "(bm25 ranked;" in capsys.readouterr().out
     written = json.loads((tmp_path / article["predictions"]).read_text())
     assert set(written) == set(json.loads((tmp_path / record["predictions"]).read_text()))
+
+
+def test_a_run_written_before_the_ranker_existed_reads_with_bm25(run: Path, tmp_path: Path) -> None:
+    old = tmp_path / "old-run"
+    shutil.copytree(run, old)
+    config = json.loads((old / "config.json").read_text())
+    assert config["task"].pop("ranker") == DEFAULT_RANKER  # what a run records now
+    (old / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "eval.json"
+    argv = ["eval", str(old), "--document", "article", "--json-out", str(out)]
+    assert cli.main(argv) == 0
+    assert json.loads(out.read_text())["ranker"] == "bm25"
+    assert cli.main([*argv, "--ranker", "bm25-proximity"]) == 0
+    assert json.loads(out.read_text())["ranker"] == "bm25-proximity"
 
 
 @pytest.mark.parametrize(

@@ -294,7 +294,10 @@ def _convert(value: Any, annotation: Any, where: str) -> Any:
 
 
 def config_from_dict(cls: Any, data: dict[str, Any], where: str = "config") -> Any:
-    """Rebuild a config dataclass from :func:`config_to_dict`'s output, strictly.
+    """Rebuild a config dataclass from :func:`config_to_dict`'s output, strictly. A key the
+    dataclass lists in its ``OLDER_CONFIGS_MEANT`` (a field added after configs were written,
+    whose default is not what leaving it out meant then) and ``data`` lacks takes the value
+    given there, so a run written before the field existed reads and resumes as it ran.
 
     Args:
         cls: the dataclass, possibly parametrised (``TrainConfig[NthFarthestConfig]``).
@@ -314,7 +317,11 @@ def config_from_dict(cls: Any, data: dict[str, Any], where: str = "config") -> A
     unknown = sorted(set(data) - names)
     if unknown:
         raise ValueError(f"{where}: unknown keys {unknown}; expected some of {sorted(names)}")
-    kwargs = {}
+    kwargs = {
+        name: value
+        for name, value in getattr(origin, "OLDER_CONFIGS_MEANT", {}).items()
+        if name not in data
+    }
     for name, value in data.items():
         annotation = substitution.get(hints[name], hints[name])
         kwargs[name] = _convert(value, annotation, f"{where}.{name}")

@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import tyro
@@ -117,7 +117,8 @@ class ReadingConfig:
         ranker: what ranks an article's paragraphs against a question (``docs/reading.md``
             §6): ``bm25-proximity``, BM25+ over its content words and word pairs and how
             close its words stand, weighed as fit on SQuAD training articles; ``bm25``, BM25+
-            over its words (every run before 2026-11-29 ranked so).
+            over its words (every run before 2026-11-29 ranked so, and a run whose
+            config.json has no ``ranker`` reads and resumes so).
         ranker_weight: beta, what the ranker's word weighs when the answer is chosen among
             several paragraphs (a row of an article, or ``relmem answer``'s paragraphs): each
             span's score gains ``beta`` times its paragraph's ranker score less the best read
@@ -166,6 +167,9 @@ class ReadingConfig:
     reading: Literal["joined", "windows"] = "joined"
     rank_prior: bool = False
     ranker: Ranker = DEFAULT_RANKER
+    # a run's config.json written before `ranker` existed ranked with bm25
+    # (relmem.train.config.config_from_dict)
+    OLDER_CONFIGS_MEANT: ClassVar[dict[str, Any]] = {"ranker": "bm25"}
     ranker_weight: float = RANKER_WEIGHT
     ranker_in_loss: bool = False
     embeddings: Path | None = None
