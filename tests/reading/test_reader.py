@@ -42,8 +42,9 @@ def reference_window_attention(g, mask, window, score):
 )
 def test_windowed_attention_matches_the_token_by_token_reference(steps, window) -> None:
     torch.manual_seed(0)
-    g = torch.randn(3, steps, 5, dtype=torch.float64, requires_grad=True)
-    lengths = torch.tensor([steps, steps - 3, 4])
+    g = torch.randn(4, steps, 5, dtype=torch.float64, requires_grad=True)
+    # the third row: longer than a window, so cut, but leaving the cuts' last windows empty
+    lengths = torch.tensor([steps, steps - 3, min(window + 2, steps), 4])
     mask = torch.arange(steps) < lengths.unsqueeze(1)
     score = Trilinear(5).double()
     fast = windowed_self_attention(g, mask, window, score)

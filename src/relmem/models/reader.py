@@ -221,7 +221,8 @@ def windowed_self_attention(
     0 and ``window // 2``, and each token takes its output from the cut in which it lies
     further from a window's edge (the first on ties): every token is covered, and sees at least
     ``window // 4`` tokens on each side that the row has. Each cut computes only the queries
-    it owns (:func:`_owned_insides`, half of each window), against its window's every key.
+    it owns (:func:`_owned_insides`, half of each window), against its window's every key, and
+    only in the windows where one of them is a valid token (the others' outputs are zero).
 
     Args:
         g: ``[B, T, X]``. mask: ``[B, T]`` bool, the valid tokens.
@@ -254,7 +255,9 @@ def windowed_self_attention(
         pad = blocks * window - steps - offset
         gp = F.pad(long_g, (0, 0, offset, pad)).reshape(rows * blocks, window, width)
         mp = F.pad(long_mask, (offset, pad)).reshape(rows * blocks, window)
-        part = _attend(gp, mp, score, owned)  # [rows · blocks, |owned|, X]
+        live = mp[:, owned].any(dim=1).nonzero().flatten()  # windows with a valid owned query
+        part = _attend(gp[live], mp[live], score, owned)  # [live, |owned|, X]
+        part = part.new_zeros(rows * blocks, len(owned), width).index_copy(0, live, part)
         full = part.new_zeros(rows * blocks, window, width).index_copy(1, owned, part)
         cuts = cuts + full.reshape(rows, blocks * window, width)[:, offset : offset + steps]
     return out.index_copy(0, which, cuts)
