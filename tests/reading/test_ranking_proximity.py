@@ -138,7 +138,10 @@ def test_an_unknown_ranker_is_refused() -> None:
 
 
 def test_a_config_without_a_ranker_means_bm25() -> None:
-    assert ReadingConfig().ranker == "bm25-proximity"  # a new run's
-    assert config_from_dict(ReadingConfig, {}).ranker == "bm25"  # a config.json from before
+    new = ReadingConfig()  # a new run's
+    assert (new.ranker, new.training_ranker) == ("bm25-proximity", "bm25")
+    old = config_from_dict(ReadingConfig, {})  # a config.json from before
+    assert (old.ranker, old.training_ranker) == ("bm25", "bm25")
     for ranker in ("bm25", "bm25-proximity"):
-        assert config_from_dict(ReadingConfig, {"ranker": ranker}).ranker == ranker
+        given = config_from_dict(ReadingConfig, {"ranker": ranker, "training_ranker": ranker})
+        assert (given.ranker, given.training_ranker) == (ranker, ranker)

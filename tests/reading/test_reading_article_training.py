@@ -16,7 +16,7 @@ from relmem.models.reader import Reader
 from relmem.tasks.base import Batch
 from relmem.tasks.reading.answer import AnswerReader
 from relmem.tasks.reading.articles import rank_in_articles
-from relmem.tasks.reading.ranking import ParagraphIndex
+from relmem.tasks.reading.ranking import RANKERS, ParagraphIndex, Ranker
 from relmem.tasks.reading.task import HELD_OUT, TRAIN, Reading, ReadingConfig, best_spans
 
 # three articles of 4, 3 and 3 paragraphs; each question (paragraph, question, answer) is about
@@ -101,12 +101,13 @@ def question_index(task: Reading, qid: str) -> int:
     return next(i for i, q in enumerate(task.train.squad.questions) if q.qid == qid)
 
 
+@pytest.mark.parametrize("training_ranker", RANKERS)
 def test_training_rows_hold_their_own_paragraph_and_ranked_distractors_in_article_order(
-    articles_file: Path,
+    articles_file: Path, training_ranker: Ranker
 ) -> None:
-    task = build(articles_file, top_k=3)
+    task = build(articles_file, top_k=3, training_ranker=training_ranker)
     squad, encoded = task.train.squad, task.train
-    ranked = rank_in_articles(squad, range(len(squad.questions)))
+    ranked = rank_in_articles(squad, range(len(squad.questions)), training_ranker)
     index = task.train_index
     batch = task._batch(TRAIN, index, None)
     q = task.config.question_tokens
@@ -135,9 +136,10 @@ def test_held_out_rows_read_the_top_k_whether_or_not_their_own_is_among_them(
     articles_file: Path,
 ) -> None:
     task = build(articles_file, top_k=1)
+    assert (task.config.ranker, task.config.training_ranker) == ("bm25-proximity", "bm25")
     squad = task.held.squad
     missed = question_index(task, MISSED)
-    ranked = rank_in_articles(squad, [missed])[missed].paragraphs
+    ranked = rank_in_articles(squad, [missed], task.config.ranker)[missed].paragraphs
     assert ranked[0] == 0 and squad.questions[missed].paragraph == 2  # the ranker misses it
     assert task.contexts[HELD_OUT][missed] == [0]
     assert task.contexts[TRAIN][missed] == [2]  # training reads its own (top_k 1: no other)
@@ -296,8 +298,9 @@ def test_rank_prior_rows_carry_each_paragraphs_rank_among_the_rows(
     assert plain.spec.options["reader"].paragraph_ranks == 0
     assert task.data_identity()["rank_prior"] and "rank_prior" not in plain.data_identity()
     squad, q, gap = task.train.squad, task.config.question_tokens, task.gap
-    ranked = rank_in_articles(squad, range(len(squad.questions)))
+    rankers = {TRAIN: task.config.training_ranker, HELD_OUT: task.config.ranker}
     for split in (TRAIN, HELD_OUT):
+        ranked = rank_in_articles(squad, range(len(squad.questions)), rankers[split])
         index = task.train_index if split == TRAIN else task.held_index
         mine, theirs = task._batch(split, index, None), plain._batch(split, index, None)
         width = 3 + task.config.chars
@@ -402,8 +405,8 @@ def test_train_and_eval_reading_articles(articles_file: Path, tmp_path: Path, ca
     article = ["--task.document", "article", "--task.top-k", "2"]
     assert cli.main(train_args(folder, tmp_path, "article", *article)) == 0
     assert (
-        "articles (joined, bm25-proximity ranked): the 2 best paragraphs a row"
-        in capsys.readouterr().err
+        "articles (joined; held-out rows bm25-proximity ranked, training rows bm25): the 2 "
+        "best paragraphs a row" in capsys.readouterr().err
     )
     run = tmp_path / "article"
     config = json.loads((run / "config.json").read_text())["task"]

@@ -114,11 +114,17 @@ class ReadingConfig:
             ``top_k`` share the last, 8 when ``top_k`` is 0), added to its tokens' scores: the
             ranker's word on which paragraph holds the answer, weighed beside the reader's own
             under the one softmax.
-        ranker: what ranks an article's paragraphs against a question (``docs/reading.md``
-            §6): ``bm25-proximity``, BM25+ over its content words and word pairs and how
-            close its words stand, weighed as fit on SQuAD training articles; ``bm25``, BM25+
-            over its words (every run before 2026-11-29 ranked so, and a run whose
-            config.json has no ``ranker`` reads and resumes so).
+        ranker: what ranks an article's paragraphs against a question for the held-out
+            rows, the choice among paragraphs and ``relmem answer`` (``docs/reading.md`` §6):
+            ``bm25-proximity``, BM25+ over its content words and word pairs and how close its
+            words stand, weighed as fit on SQuAD training articles; ``bm25``, BM25+ over its
+            words (every run before 2026-11-29 ranked so, and a run whose config.json has no
+            ``ranker`` reads and resumes so).
+        training_ranker: what ranks them for the training rows: their distractors, their
+            ranks for ``rank_prior`` and their bonus for ``ranker_in_loss``. ``bm25`` by
+            default: readers trained on BM25+'s rows and read with ``bm25-proximity`` scored
+            0.2-2.4 F1 higher on the held-out rows than readers trained on its own rows
+            (three seeds; ``docs/results.md``, eighth round).
         ranker_weight: beta, what the ranker's word weighs when the answer is chosen among
             several paragraphs (a row of an article, or ``relmem answer``'s paragraphs): each
             span's score gains ``beta`` times its paragraph's ranker score less the best read
@@ -167,9 +173,12 @@ class ReadingConfig:
     reading: Literal["joined", "windows"] = "joined"
     rank_prior: bool = False
     ranker: Ranker = DEFAULT_RANKER
-    # a run's config.json written before `ranker` existed ranked with bm25
+    training_ranker: Ranker = "bm25"
+    # a run's config.json written before `ranker` existed ranked with bm25 throughout; one
+    # written before `training_ranker` existed ranked its training rows with bm25 unless it ran
+    # at git b9630b6-ea4ddbd (2026-11-29), which ranked them with `ranker`
     # (relmem.train.config.config_from_dict)
-    OLDER_CONFIGS_MEANT: ClassVar[dict[str, Any]] = {"ranker": "bm25"}
+    OLDER_CONFIGS_MEANT: ClassVar[dict[str, Any]] = {"ranker": "bm25", "training_ranker": "bm25"}
     ranker_weight: float = RANKER_WEIGHT
     ranker_in_loss: bool = False
     embeddings: Path | None = None
@@ -404,9 +413,8 @@ class Reading(Task):
         if self.config.document == "paragraph":
             return contexts, ranks, scores
         top_k, most = self.config.top_k, self.config.max_context_tokens
-        for i, ranked in rank_in_articles(
-            encoded.squad, index.tolist(), self.config.ranker
-        ).items():
+        ranker = self.config.training_ranker if training else self.config.ranker
+        for i, ranked in rank_in_articles(encoded.squad, index.tolist(), ranker).items():
             own, order = questions[i].paragraph, ranked.paragraphs
             contexts[i] = (
                 training_paragraphs(order, own, top_k, encoded.sizes, most, self.gap)
@@ -450,8 +458,8 @@ class Reading(Task):
         recall = f"{found / len(answerable):.1%}" if answerable else "n/a"
         read = "all" if self.config.top_k == 0 else f"the {self.config.top_k} best"
         return (
-            f"articles ({self.config.reading}, {self.config.ranker} ranked): {read} paragraphs "
-            "a row, "
+            f"articles ({self.config.reading}; held-out rows {self.config.ranker} ranked, "
+            f"training rows {self.config.training_ranker}): {read} paragraphs a row, "
             f"{sum(train) / len(train):.2f} a training row (own + distractors within "
             "max_context_tokens), "
             f"{sum(held) / max(len(held), 1):.2f} a held-out row, holding the question's own "
