@@ -22,23 +22,25 @@ import argparse
 import json
 import platform
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
+from ranker_weight import add_split_arguments, read_split  # benchmarks/, beside this
 
 from relmem.tasks.reading import ranking
 from relmem.tasks.reading.ranking import RANKER_WEIGHT, ParagraphIndex
-from relmem.tasks.reading.sources import held_out_articles
-from relmem.tasks.reading.squad import SquadFile, read_squad
+from relmem.tasks.reading.squad import SquadFile
 
 KS = (1, 2, 4, 8)
 
 
-class Question:
+class Question(NamedTuple):
     """One question's candidates: ``bm25 [P]``, ``features [P, 3]``, the gold's index."""
 
-    def __init__(self, bm25: np.ndarray, features: np.ndarray, gold: int) -> None:
-        self.bm25, self.features, self.gold = bm25, features, gold
+    bm25: np.ndarray
+    features: np.ndarray
+    gold: int
 
 
 def questions(squad: SquadFile, held: set[str]) -> tuple[list[Question], list[Question]]:
@@ -108,15 +110,10 @@ def report(items: list[Question], fitted: np.ndarray) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--file", type=Path, required=True, help="a SQuAD-layout file")
-    parser.add_argument("--held-out-articles", type=float, default=None)
-    parser.add_argument("--split-seed", type=int, default=0)
+    add_split_arguments(parser)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    squad = read_squad(args.file)
-    held = set()
-    if args.held_out_articles is not None:
-        held = held_out_articles(squad, args.held_out_articles, args.split_seed)
+    squad, held = read_split(args)
     fit_set, unseen = questions(squad, held)
     fitted = fit(fit_set)
     weights = {

@@ -72,19 +72,31 @@ def fit_beta(items: list) -> float:
     return beta
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_split_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--file``, ``--held-out-articles`` and ``--split-seed`` (:func:`read_split`'s); also
+    :mod:`ranker_fit`'s."""
     parser.add_argument("--file", type=Path, required=True, help="a SQuAD-layout file")
     parser.add_argument("--held-out-articles", type=float, default=None)
     parser.add_argument("--split-seed", type=int, default=0)
+
+
+def read_split(args: argparse.Namespace) -> tuple[SquadFile, set[str]]:
+    """The file ``--file`` and the titles of its held-out articles, drawn as ``relmem train
+    squad`` draws them (none without ``--held-out-articles``)."""
+    squad = read_squad(args.file)
+    if args.held_out_articles is None:
+        return squad, set()
+    return squad, held_out_articles(squad, args.held_out_articles, args.split_seed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_split_arguments(parser)
     parser.add_argument("--k", type=int, nargs="+", default=[4], help="paragraphs read (0: all)")
     parser.add_argument("--ranker", choices=RANKERS, default="bm25")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    squad = read_squad(args.file)
-    held = set()
-    if args.held_out_articles is not None:
-        held = held_out_articles(squad, args.held_out_articles, args.split_seed)
+    squad, held = read_split(args)
     results = []
     for k in args.k:
         fit, unseen = candidates(squad, k, held, args.ranker)

@@ -73,7 +73,8 @@ STOP_WORDS = frozenset(_STOP_WORDS.split())
 WORDS_WEIGHT = 0.6576
 PAIRS_WEIGHT = 0.3203
 PROXIMITY_WEIGHT = 8.618
-# proximity's window: question words at most this many words apart count as close
+# proximity's window: question words fewer than this many words apart (inside one window of
+# this many words) count as close
 PROXIMITY_WINDOW = 20
 
 
