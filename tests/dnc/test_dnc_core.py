@@ -372,13 +372,15 @@ def test_bad_inputs_raise_clear_errors():
         model.cell([[1.0, 2.0, 3.0]])
 
 
-def test_sequence_module_takes_the_cells_arguments_and_batch_first() -> None:
-    """``DNC``'s signature is ``DNCCell``'s with ``batch_first`` after the positional ones."""
+def test_sequence_module_takes_the_cells_arguments_and_its_own() -> None:
+    """``DNC``'s signature is ``DNCCell``'s with ``batch_first`` after the positional ones and
+    ``recompute_steps`` last."""
 
     cell = list(inspect.signature(DNCCell).parameters)
     names = list(inspect.signature(DNC).parameters)
-    assert names == [*cell[:6], "batch_first", *cell[6:]]
-    model = DNC(3, 8, 4, 2, 1, 1, True, output_size=5)
+    assert names == [*cell[:6], "batch_first", *cell[6:], "recompute_steps"]
+    model = DNC(3, 8, 4, 2, 1, 1, True, output_size=5, recompute_steps=7)
     assert model.batch_first and model.output_size == 5 and model.cell.memory.memory_size == 4
+    assert model.recompute_steps == 7 and DNC(3, 8).recompute_steps is None
     with pytest.raises(TypeError, match="DNC: got an unexpected keyword argument 'bogus'"):
         DNC(3, 8, bogus=1)

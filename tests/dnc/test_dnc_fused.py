@@ -470,7 +470,7 @@ def test_finished_examples_carry_their_state_and_output_zeros(controller) -> Non
     results = []
     for run in ("reference", "fused"):
         if run == "reference":
-            hiddens, reads, _, final = layer._reference_loop(x, state, lengths)
+            hiddens, reads, final = layer._reference_loop(x, state, lengths)
             hiddens, reads = hiddens * running, reads * running
         else:
             hiddens, reads, final = fused_recurrence(

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import torch
+import torch.utils.checkpoint
 from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
@@ -225,6 +226,50 @@ def run_cell_loop(
             output = where_active(active, output, torch.zeros_like(output))
         outputs.append(output)
     return torch.stack(outputs), state
+
+
+def run_recomputed(
+    run: Callable[[Tensor, Any, Tensor | None], tuple[tuple[Tensor, ...], Any]],
+    inputs: Tensor,
+    state: Any,
+    lengths: Tensor | None,
+    chunk: int | None,
+) -> tuple[tuple[Tensor, ...], Any]:
+    """``run`` over ``inputs`` in chunks of ``chunk`` steps, each under activation
+    checkpointing: the backward keeps each chunk's input state and recomputes the chunk, so
+    autograd holds one chunk's intermediates at a time instead of the whole sequence's, for
+    about one more forward pass.
+
+    Args:
+        run: ``run(inputs [t, B, ...], state, lengths [B] or None) -> (outputs, final state)``,
+            each output ``[t, B, ...]`` (time-major); a finished example keeps its state.
+        inputs: ``[T, B, ...]``. state: the initial state. lengths: ``[B]`` or None.
+        chunk: steps per chunk; None, or a sequence no longer than one chunk, or no autograd
+            recording (``torch.no_grad``) runs ``run`` once over the whole sequence.
+
+    Returns:
+        ``run``'s outputs joined over time, and the final state: the same values as ``run``
+        over the whole sequence, and the same gradients.
+    """
+    steps = inputs.shape[0]
+    if chunk is None or steps <= chunk or not torch.is_grad_enabled():
+        return run(inputs, state, lengths)
+    pieces = []
+    for start in range(0, steps, chunk):
+        stop = min(start + chunk, steps)
+        # a chunk's lengths count from its first step: 0 for an example already finished
+        piece_lengths = None if lengths is None else (lengths - start).clamp(0, stop - start)
+        # Early stop ends a recomputation by raising from the hook that saves a tensor; where
+        # the last op of the chunk is a custom autograd function (the fused DNC sequence), that
+        # leaks the function's saved tensors, a chunk's worth per chunk and pass (seen with
+        # torch 2.13; pytorch/pytorch#161186). The chunk ends with its recurrence, so stopping
+        # early would save nothing anyway.
+        with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+            outputs, state = torch.utils.checkpoint.checkpoint(
+                run, inputs[start:stop], state, piece_lengths, use_reentrant=False
+            )
+        pieces.append(outputs)
+    return tuple(torch.cat(parts) for parts in zip(*pieces, strict=True)), state
 
 
 def check_state_tensor(

@@ -33,6 +33,10 @@ class DNCModelConfig:
             disables it (deepmind: 20).
         compat: 'paper' (Graves et al. 2016) or 'deepmind' (``deepmind/dnc``'s interface
             activations, initialisation and forget bias; ``docs/dnc.md`` §3.3).
+        recompute_steps: 0 (default) keeps every step's intermediates for the backward; n > 0
+            trains in checkpointed chunks of n steps, recomputed in the backward: one chunk's
+            memory instead of the sequence's, for about one more forward pass (the DNC's and
+            the reader's memory controller's ``recompute_steps``; ``docs/dnc.md`` §17).
     """
 
     hidden_size: int = 64
@@ -43,6 +47,7 @@ class DNCModelConfig:
     num_write_heads: int = 1
     clip_value: float = 20.0
     compat: Literal["paper", "deepmind"] = "paper"
+    recompute_steps: int = 0
 
     def __post_init__(self) -> None:
         check_at_least(
@@ -55,7 +60,7 @@ class DNCModelConfig:
             num_read_heads=1,
             num_write_heads=1,
         )
-        check_at_least("dnc.", self, clip_value=0)
+        check_at_least("dnc.", self, clip_value=0, recompute_steps=0)
         check_choice("dnc.compat", self.compat, ("paper", "deepmind"))
 
 
@@ -74,4 +79,5 @@ def build_dnc(config: DNCModelConfig, input_size: int, readout_size: int | None)
         num_layers=config.num_layers,
         compat=config.compat,
         clip_value=config.clip_value,
+        recompute_steps=config.recompute_steps or None,
     )

@@ -381,6 +381,7 @@ class DNCMemory(nn.Module):
             bidirectional=o.bidirectional_controller,
             pre_encoder=self.pre,
             batch_first=True,
+            recompute_steps=config.recompute_steps or None,
         )
 
     def forward(self, d: Tensor, lengths: Tensor) -> tuple[Tensor, Any]:

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from relmem.cores.base import finish_sequence, prepare_sequence, run_cell_loop
+from relmem.cores.base import finish_sequence, prepare_sequence, run_cell_loop, run_recomputed
 from relmem.cores.dnc import fused as F
 from relmem.cores.dnc.addressing import EPSILON
 from relmem.cores.dnc.controller import Controller, ControllerState
@@ -426,15 +426,19 @@ class DNCCell(nn.Module):
         return self.step(input, state)
 
 
-def _with_batch_first(cell: inspect.Signature) -> inspect.Signature:
+def _with_sequence_options(cell: inspect.Signature) -> inspect.Signature:
     """:class:`DNCCell`'s constructor signature with ``batch_first`` after its positional
-    arguments: the sequence module takes the cell's arguments, written once, and that one."""
+    arguments and ``recompute_steps`` after its keyword-only ones: the sequence module takes
+    the cell's arguments, written once, and those two."""
     params = list(cell.parameters.values())
     at = next(i for i, p in enumerate(params) if p.kind is inspect.Parameter.KEYWORD_ONLY)
     batch_first = inspect.Parameter(
         "batch_first", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=False, annotation="bool"
     )
-    return cell.replace(parameters=[*params[:at], batch_first, *params[at:]])
+    recompute_steps = inspect.Parameter(
+        "recompute_steps", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="int | None"
+    )
+    return cell.replace(parameters=[*params[:at], batch_first, *params[at:], recompute_steps])
 
 
 class DNC(nn.Module):
@@ -450,6 +454,12 @@ class DNC(nn.Module):
         output_size, num_layers, compat, clip_value, link, link_topk, usage_write_grad,
             dealloc_content, key_mask, link_sharpness, interface_clip, eps, implementation,
             device, dtype: as :class:`DNCCell`.
+        recompute_steps: None (default) keeps every step's intermediates for the backward; an
+            integer runs the sequence in chunks of that many steps under activation
+            checkpointing, so training keeps one chunk's (the dense link's ``B·Wh·N²`` per
+            step most) and recomputes each chunk in the backward: about one more forward
+            pass, the same outputs and gradients. For long sequences with a large N
+            (``docs/dnc.md`` §17).
 
     Shapes:
         - input: ``[T, B, X]`` (``[B, T, X]`` with ``batch_first``) or a ``PackedSequence``.
@@ -458,7 +468,7 @@ class DNC(nn.Module):
         - state: :class:`DNCState` in and out (the state after each example's last step).
     """
 
-    _signature = _with_batch_first(inspect.signature(DNCCell.__init__))
+    _signature = _with_sequence_options(inspect.signature(DNCCell.__init__))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
@@ -470,6 +480,9 @@ class DNC(nn.Module):
         arguments = dict(bound.arguments)
         del arguments["self"]
         self.batch_first = check_bool("batch_first", arguments.pop("batch_first"), owner="DNC")
+        self.recompute_steps = check_int(
+            "recompute_steps", arguments.pop("recompute_steps"), owner="DNC", optional=True
+        )
         self.cell = DNCCell(**arguments)
 
     __init__.__signature__ = _signature  # type: ignore[attr-defined]
@@ -490,7 +503,7 @@ class DNC(nn.Module):
         self.cell.reset_parameters()
 
     def extra_repr(self) -> str:
-        return f"batch_first={self.batch_first}"
+        return f"batch_first={self.batch_first}, recompute_steps={self.recompute_steps}"
 
     def initial_state(
         self,
@@ -538,10 +551,18 @@ class DNC(nn.Module):
         )
         batch = seq.inputs.shape[1]
         state = cell.initial_state(batch) if state is None else cell.check_state(state, batch)
-        if fused_recurrence_ok(cell.memory, seq.inputs, state):
-            outputs, final_state = cell.run(seq.inputs, state, seq.lengths)
-        else:
-            outputs, final_state = run_cell_loop(
-                cell.reference_step, seq.inputs, state, seq.lengths
-            )
+        fused = fused_recurrence_ok(cell.memory, seq.inputs, state)
+
+        def run(
+            inputs: Tensor, state: DNCState, lengths: Tensor | None
+        ) -> tuple[tuple[Tensor], DNCState]:
+            if fused:
+                outputs, state = cell.run(inputs, state, lengths)
+            else:
+                outputs, state = run_cell_loop(cell.reference_step, inputs, state, lengths)
+            return (outputs,), state
+
+        (outputs,), final_state = run_recomputed(
+            run, seq.inputs, state, seq.lengths, self.recompute_steps
+        )
         return finish_sequence(outputs, seq, self.batch_first), final_state

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from relmem.cores.base import finish_sequence, prepare_sequence, where_active
+from relmem.cores.base import finish_sequence, prepare_sequence, run_recomputed, where_active
 from relmem.cores.dnc.addressing import EPSILON
 from relmem.cores.dnc.controller import Controller, ControllerKind
 from relmem.cores.dnc.dnc import (
@@ -69,9 +69,14 @@ class MemoryControllerLayer(nn.Module):
             uses the raw input.
         batch_first: ``[B, T, D]`` input and output (default False, as ``nn.LSTM``).
         link: 'dense' (default), 'sparse' or 'none'; for documents of thousands of tokens keep
-            p small or use 'sparse'/'none' (the dense link keeps O(T·B·p²) values for autograd).
+            p small, use 'sparse'/'none' (the dense link keeps O(T·B·p²) values for autograd)
+            or set ``recompute_steps``.
         link_topk: K of the sparse link. interface_clip, eps, implementation: as
             :class:`DNCMemory` (by default the fused C++ memory step on the CPU).
+        recompute_steps: None (default) keeps every step's intermediates for the backward; an
+            integer runs the controller and memory in chunks of that many steps under
+            activation checkpointing (:class:`relmem.DNC`'s option): one chunk's link states
+            held instead of the document's, for about one more forward pass of the recurrence.
         device, dtype: factory arguments.
 
     Shapes:
@@ -99,12 +104,16 @@ class MemoryControllerLayer(nn.Module):
         interface_clip: float = 0.0,
         eps: float = EPSILON,
         implementation: Implementation = "auto",
+        recompute_steps: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         name = type(self).__name__
         check_int("d_model", d_model, owner=name)
+        self.recompute_steps = check_int(
+            "recompute_steps", recompute_steps, owner=name, optional=True
+        )
         memory_options: dict[str, Any] = {
             "memory_size": memory_slots,
             "word_size": word_size,
@@ -160,7 +169,7 @@ class MemoryControllerLayer(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"d_model={self.d_model}, bidirectional={self.bidirectional}, "
-            f"batch_first={self.batch_first}"
+            f"batch_first={self.batch_first}, recompute_steps={self.recompute_steps}"
         )
 
     def initial_state(
@@ -233,15 +242,24 @@ class MemoryControllerLayer(nn.Module):
                 )
 
         fused = fused_recurrence_ok(self.memory, x, state)
-        if fused:
-            reads_before = state.read_vectors.flatten(1).unsqueeze(0)  # r_0
-            hidden_seq, read_seq, state = fused_recurrence(
-                self.memory, self.controller, x, state, seq.lengths
-            )
-            if self.backward_rnn is not None:  # only the backward direction reads z
-                chi_seq = torch.cat([x, torch.cat([reads_before, read_seq[:-1]])], dim=-1)
-        else:
-            hidden_seq, read_seq, chi_seq, state = self._reference_loop(x, state, seq.lengths)
+        reads_before = state.read_vectors.flatten(1).unsqueeze(0)  # r_0
+
+        def run(
+            x: Tensor, state: DNCState, lengths: Tensor | None
+        ) -> tuple[tuple[Tensor, Tensor], DNCState]:
+            if fused:
+                hiddens, reads, state = fused_recurrence(
+                    self.memory, self.controller, x, state, lengths
+                )
+            else:
+                hiddens, reads, state = self._reference_loop(x, state, lengths)
+            return (hiddens, reads), state
+
+        (hidden_seq, read_seq), state = run_recomputed(
+            run, x, state, seq.lengths, self.recompute_steps
+        )
+        if self.backward_rnn is not None:  # only the backward direction reads z
+            chi_seq = torch.cat([x, torch.cat([reads_before, read_seq[:-1]]).to(x.dtype)], dim=-1)
         if self.backward_rnn is not None:
             reversed_z = reverse_within_lengths(chi_seq, seq.lengths)
             if fused and isinstance(self.backward_rnn, nn.GRU):  # the fused path throughout
@@ -260,12 +278,11 @@ class MemoryControllerLayer(nn.Module):
 
     def _reference_loop(
         self, x: Tensor, state: DNCState, lengths: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor, DNCState]:
+    ) -> tuple[Tensor, Tensor, DNCState]:
         """The step-by-step loop (the oracle of :func:`fused_recurrence`): hiddens
-        ``[T, B, D]``, reads ``[T, B, s·q]``, controller inputs ``z [T, B, D + s·q]`` and the
-        final state."""
+        ``[T, B, D]``, reads ``[T, B, s·q]`` and the final state."""
         steps = x.shape[0]
-        hiddens, chis, reads = [], [], []
+        hiddens, reads = [], []
         # every sequence is still running before its shortest length: no step needs masking
         all_active = steps if lengths is None else int(lengths.min())
         for t in range(steps):
@@ -279,6 +296,5 @@ class MemoryControllerLayer(nn.Module):
                 new_state = where_active(lengths > t, new_state, state)
             state = new_state
             hiddens.append(hidden)
-            chis.append(chi)
             reads.append(memory.read_vectors.flatten(1))
-        return torch.stack(hiddens), torch.stack(reads), torch.stack(chis), state
+        return torch.stack(hiddens), torch.stack(reads), state
