@@ -3,10 +3,18 @@
 The memory controller layer at ``relmem bench --core dnc``'s ``reader-paper`` sizes (D=200, a
 GRU controller, N=128, W=64, R=4; batch 8), over ``--tokens`` of input, trained (forward and
 backward of the output's sum) whole and in checkpointed chunks of ``--chunks`` steps. Each
-setting runs in a fresh process: the peak resident memory that a pass adds to what the process
-held before it (``ru_maxrss``: the true peak, activations, recomputed chunks and gradients
-together), and the median time of ``--repeat`` passes after one untimed pass. Prints one JSON
-object.
+setting runs in two fresh processes:
+
+- the peak resident memory that one pass adds to what the process held before it
+  (``ru_maxrss``: the true peak, activations, recomputed chunks and gradients together), with
+  glibc's mmap threshold fixed at 128 KiB (``MALLOC_MMAP_THRESHOLD_``) so that every larger
+  block is mapped and unmapped and the resident memory follows what is allocated (by default
+  glibc raises the threshold as blocks are freed and keeps freed blocks of up to 32 MB in its
+  heap, which makes the peak depend on the order of frees);
+- the median time of ``--repeat`` passes after one untimed pass, with glibc's defaults (what a
+  user gets: the fixed threshold makes every chunk's buffers fault their pages in again).
+
+Prints one JSON object.
 
     python benchmarks/dnc_recompute.py --tokens 800 1600 --chunks 0 25 50 100
 """
@@ -15,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -37,7 +46,8 @@ def _resident_mb() -> float:
 
 
 def measure(tokens: int, chunk: int, repeat: int, link: str) -> dict[str, float]:
-    """One setting in this process: the peak a training pass adds, and its median time."""
+    """One setting in this process: the peak a training pass adds (``repeat`` 0), or the
+    median time of ``repeat`` passes after an untimed one."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     load_dnc_ops()
@@ -53,8 +63,10 @@ def measure(tokens: int, chunk: int, repeat: int, link: str) -> dict[str, float]
         output.sum().backward()
         if i:  # the first pass builds caches and is not timed
             times.append(time.perf_counter() - start)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
-    return {"peak_added_mb": round(peak - before, 1), "seconds": round(statistics.median(times), 3)}
+    if not repeat:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+        return {"peak_added_mb": round(peak - before, 1)}
+    return {"seconds": round(statistics.median(times), 3)}
 
 
 def main() -> None:
@@ -73,10 +85,17 @@ def main() -> None:
     rows = []
     for tokens in args.tokens:
         for chunk in args.chunks:
-            child = [sys.executable, __file__, "--one", str(tokens), str(chunk)]
-            child += ["--repeat", str(args.repeat), "--link", args.link]
-            done = subprocess.run(child, capture_output=True, text=True, check=True)
-            row = {"tokens": tokens, "recompute_steps": chunk or None, **json.loads(done.stdout)}
+            row: dict[str, object] = {"tokens": tokens, "recompute_steps": chunk or None}
+            for repeat, malloc in (
+                (0, {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}),
+                (args.repeat, {}),
+            ):
+                child = [sys.executable, __file__, "--one", str(tokens), str(chunk)]
+                child += ["--repeat", str(repeat), "--link", args.link]
+                done = subprocess.run(
+                    child, capture_output=True, text=True, check=True, env={**os.environ, **malloc}
+                )
+                row.update(json.loads(done.stdout))
             print(json.dumps(row), file=sys.stderr, flush=True)
             rows.append(row)
     config = DNC_CONFIGS["reader-paper"]
@@ -88,6 +107,7 @@ def main() -> None:
                 "batch": config.shape[1],
                 "link": args.link,
                 "threads": 1,
+                "malloc": "peak: MALLOC_MMAP_THRESHOLD_=131072; time: glibc's defaults",
                 "rows": rows,
             },
             indent=1,
