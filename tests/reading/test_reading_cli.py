@@ -56,6 +56,24 @@ def test_a_reader_overfits_the_sample(squad_dir: Path, tmp_path: Path, capsys) -
     assert summary["held_out_f1"] > 0.95, summary
 
 
+def test_recomputed_memory_trains_as_the_whole_one(squad_dir: Path, tmp_path: Path) -> None:
+    """``--dnc.recompute-steps`` trains the reader's memory in checkpointed chunks: the same
+    training and held-out losses at every logged step, to float32 rounding (the chunks' weight
+    gradients are summed in another order)."""
+    assert cli.main(train_args(squad_dir, tmp_path, "whole")) == 0
+    assert cli.main(train_args(squad_dir, tmp_path, "chunks", "--dnc.recompute-steps", "5")) == 0
+    config, *_, chunked, _ = load_trained(tmp_path / "chunks")
+    assert config.dnc.recompute_steps == 5
+    assert chunked.memory[0].layer.recompute_steps == 5  # type: ignore[index, union-attr]
+
+    def losses(name: str) -> list[float]:
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return [row[k] for row in map(json.loads, lines) for k in ("train/loss", "eval/loss")]
+
+    whole = losses("whole")
+    assert len(whole) == 4 and losses("chunks") == pytest.approx(whole, rel=1e-5)
+
+
 def test_resumed_run_equals_an_uninterrupted_one(squad_dir: Path, tmp_path: Path) -> None:
     assert cli.main(train_args(squad_dir, tmp_path, "straight")) == 0
     assert cli.main(train_args(squad_dir, tmp_path, "split", "--steps", "2")) == 0

@@ -576,7 +576,7 @@ def padding_windows(words: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor, Ten
     "reader",
     reads={
         "dnc": (
-            ("memory_size", "word_size", "num_read_heads"),
+            ("memory_size", "word_size", "num_read_heads", "recompute_steps"),
             "its memory controller has one GRU layer as wide as the document, one write head "
             "and no clipping",
         )
