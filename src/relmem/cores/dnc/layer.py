@@ -260,7 +260,6 @@ class MemoryControllerLayer(nn.Module):
         )
         if self.backward_rnn is not None:  # only the backward direction reads z
             chi_seq = torch.cat([x, torch.cat([reads_before, read_seq[:-1]]).to(x.dtype)], dim=-1)
-        if self.backward_rnn is not None:
             reversed_z = reverse_within_lengths(chi_seq, seq.lengths)
             if fused and isinstance(self.backward_rnn, nn.GRU):  # the fused path throughout
                 backward = run_gru(reversed_z, self.backward_rnn)  # [T, B, D]
