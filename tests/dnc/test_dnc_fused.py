@@ -42,7 +42,16 @@ OPTIONS = [
             ("deepmind", "none", 3, 2),
             ("paper", "dense", 3, 1),
         ],
-        [{}, {"usage_write_grad": True}, {"interface_clip": 1.5}, {"eps": 1e-3}],
+        [
+            {},
+            {"usage_write_grad": True},
+            {"interface_clip": 1.5},
+            {"eps": 1e-3},
+            {"dealloc_content": True},
+            {"dealloc_content": True, "usage_write_grad": True},
+            {"link_sharpness": True},
+            {"link_sharpness": True, "dealloc_content": True, "interface_clip": 1.5},
+        ],
     )
 ]
 
@@ -124,6 +133,22 @@ def test_the_fused_step_is_the_reference_forward_and_backward(options: dict) -> 
             "usage_write_grad": True,
             "interface_clip": 1.0,
         },
+        {
+            "compat": "paper",
+            "link": "dense",
+            "num_write_heads": 2,
+            "num_read_heads": 2,
+            "usage_write_grad": True,
+            "dealloc_content": True,
+        },
+        {
+            "compat": "deepmind",
+            "link": "dense",
+            "num_write_heads": 2,
+            "num_read_heads": 2,
+            "usage_write_grad": True,
+            "link_sharpness": True,
+        },
     ],
 )
 def test_the_operator_backward_passes_gradcheck(options: dict) -> None:
@@ -145,6 +170,7 @@ def test_the_operator_backward_passes_gradcheck(options: dict) -> None:
                 memory.operator_offsets,
                 memory.compat == "deepmind",
                 memory.usage_write_grad,
+                memory.dealloc_content,
                 memory.interface_clip,
                 memory.eps,
             )
@@ -180,7 +206,8 @@ def _compare_modules(fused, reference, run) -> None:
 
 @pytest.mark.parametrize("compat", ["paper", "deepmind"])
 @pytest.mark.parametrize("layers", [1, 2])
-def test_dnc_and_its_cell_run_the_fused_step_exactly(compat: str, layers: int) -> None:
+@pytest.mark.parametrize("flags", [{}, {"dealloc_content": True}, {"link_sharpness": True}])
+def test_dnc_and_its_cell_run_the_fused_step_exactly(compat: str, layers: int, flags) -> None:
     kwargs = {
         "input_size": 5,
         "hidden_size": 7,
@@ -189,6 +216,7 @@ def test_dnc_and_its_cell_run_the_fused_step_exactly(compat: str, layers: int) -
         "num_read_heads": 2,
         "num_layers": layers,
         "compat": compat,
+        **flags,
         "dtype": f64,
     }
     torch.manual_seed(0)
@@ -284,7 +312,7 @@ def test_the_sequence_gives_the_same_numbers_with_its_gemms_through_aten() -> No
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "12 passed" in result.stdout, result.stdout[-2000:]
+    assert "20 passed" in result.stdout, result.stdout[-2000:]
     probe = "import relmem.cores.dnc.fused as f, torch; f.load_dnc_ops(); "
     probe += "print(torch.ops.relmem_dnc.direct_gemm())"
     said = subprocess.run(
@@ -308,9 +336,7 @@ def test_the_default_is_the_fused_step_on_the_cpu() -> None:
     ("option", "named"),
     [
         ({"link": "sparse", "link_topk": 2}, "link='sparse'"),
-        ({"dealloc_content": True}, "dealloc_content=True"),
         ({"key_mask": True}, "key_mask=True"),
-        ({"link_sharpness": True}, "link_sharpness=True"),
     ],
 )
 def test_an_option_it_does_not_run_keeps_the_reference_and_says_so_once(
@@ -362,6 +388,7 @@ def test_the_operator_names_a_bad_argument() -> None:
         memory.operator_offsets,
         False,
         False,
+        False,
         0.0,
         1e-6,
     ]
@@ -374,11 +401,11 @@ def test_the_operator_names_a_bad_argument() -> None:
     with pytest.raises(RuntimeError, match="memory has dtype Float, the interface Double"):
         torch.ops.relmem_dnc.memory_step(*bad)
     bad = list(args)
-    bad[7] = [0] * 9
-    with pytest.raises(RuntimeError, match="offsets must hold 10 field offsets, got 9"):
+    bad[7] = [0] * 10
+    with pytest.raises(RuntimeError, match="offsets must hold 11 field offsets, got 10"):
         torch.ops.relmem_dnc.memory_step(*bad)
     bad = list(args)
-    bad[7] = [10_000] * 10
+    bad[7] = [10_000] * 11
     with pytest.raises(RuntimeError, match="lies outside the interface"):
         torch.ops.relmem_dnc.memory_step(*bad)
 
@@ -398,8 +425,9 @@ def test_inference_keeps_nothing_for_a_backward() -> None:
     assert read.grad_fn is None and state.memory.grad_fn is None
 
 
-def _sequence_args(lstm: bool, layers: int, link: str, seed: int = 0):
-    """A small controller and memory, their weights and a random valid state, in float64."""
+def _sequence_args(lstm: bool, layers: int, link: str, seed: int = 0, **options):
+    """A small controller and memory (with the memory's ``options``), their weights and a
+    random valid state, in float64."""
     torch.manual_seed(seed)
     layer = MemoryControllerLayer(
         4, 5, 3, 2, controller="lstm" if lstm else "gru", link=link, dtype=f64
@@ -409,7 +437,8 @@ def _sequence_args(lstm: bool, layers: int, link: str, seed: int = 0):
         controller = Controller(
             4 + memory.read_size, 4, layers, "lstm" if lstm else "gru", dtype=f64
         )
-        memory = DNCMemory(layers * 4, 5, 3, 2, link=link, dtype=f64)
+    if layers > 1 or options:
+        memory = DNCMemory(layers * 4, 5, 3, 2, link=link, **options, dtype=f64)
     state = _random_state(memory, 2, seed=seed)
     g = torch.Generator().manual_seed(seed)
     controller_state = [
@@ -419,11 +448,18 @@ def _sequence_args(lstm: bool, layers: int, link: str, seed: int = 0):
 
 
 @pytest.mark.parametrize(
-    ("lstm", "layers", "link", "clip", "forget_bias"),
-    [(True, 2, "dense", 0.6, 1.0), (False, 1, "none", 0.0, 0.0), (False, 2, "dense", 0.0, 0.0)],
+    ("lstm", "layers", "link", "clip", "forget_bias", "options"),
+    [
+        (True, 2, "dense", 0.6, 1.0, {}),
+        (False, 1, "none", 0.0, 0.0, {}),
+        (False, 2, "dense", 0.0, 0.0, {}),
+        (False, 1, "dense", 0.0, 0.0, {"dealloc_content": True, "link_sharpness": True}),
+    ],
 )
-def test_the_sequence_operator_passes_gradcheck(lstm, layers, link, clip, forget_bias) -> None:
-    memory, controller, state, controller_state = _sequence_args(lstm, layers, link)
+def test_the_sequence_operator_passes_gradcheck(
+    lstm, layers, link, clip, forget_bias, options
+) -> None:
+    memory, controller, state, controller_state = _sequence_args(lstm, layers, link, **options)
     weights = [w.detach().clone() for w in sequence_weights(memory, controller)]
     x = torch.randn(3, 2, 4, dtype=f64)
     lengths = torch.tensor([3, 1])
@@ -441,7 +477,7 @@ def test_the_sequence_operator_passes_gradcheck(lstm, layers, link, clip, forget
             # usage_write_grad: with the gradient through the usage stopped (the default, as
             # deepmind's) the analytical gradient is not the derivative gradcheck measures
             forget_bias=forget_bias, clip=clip, deepmind=False, usage_write_grad=True,
-            interface_clip=0.0, eps=memory.eps,
+            dealloc_content=memory.dealloc_content, interface_clip=0.0, eps=memory.eps,
         )  # fmt: skip
         return (hiddens, reads, *final_ctrl, *[t for t in final_mem if t is not None])
 
@@ -504,7 +540,8 @@ def test_the_sequence_names_a_bad_argument() -> None:
     weights = sequence_weights(memory, controller)
     fields = list(state)[:7]
     args = {"lstm": True, "layers": 1, "forget_bias": 0.0, "clip": 0.0, "deepmind": False,
-                "usage_write_grad": False, "interface_clip": 0.0, "eps": 1e-6}  # fmt: skip
+            "usage_write_grad": False, "dealloc_content": False, "interface_clip": 0.0,
+            "eps": 1e-6}  # fmt: skip
     x = torch.randn(3, 2, 4, dtype=f64)
     with pytest.raises(RuntimeError, match=r"every controller state must be \[B, H\]"):
         fused_module.sequence(x, None, [controller_state[0][:1], controller_state[1]], fields,

@@ -149,6 +149,7 @@ def fused_recurrence(
         clip=controller.clip_value,
         deepmind=memory.compat == "deepmind",
         usage_write_grad=memory.usage_write_grad,
+        dealloc_content=memory.dealloc_content,
         interface_clip=memory.interface_clip,
         eps=memory.eps,
     )

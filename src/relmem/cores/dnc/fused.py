@@ -10,8 +10,8 @@ vectors, as a few loops per example with a hand-written backward: one autograd n
 step over a chunk of time with one autograd node.
 
 What it runs: the link 'dense' or 'none', compat 'paper' or 'deepmind', any number of read and
-write heads, ``usage_write_grad``, ``interface_clip``, ``eps``; float32 and float64 on the CPU.
-The sparse link, ``dealloc_content``, ``key_mask`` and ``link_sharpness`` run the reference step
+write heads, ``usage_write_grad``, ``dealloc_content``, ``link_sharpness``, ``interface_clip``,
+``eps``; float32 and float64 on the CPU. The sparse link and ``key_mask`` run the reference step
 (``DNCMemory.unfused_reason`` says why, once). The reference stays the oracle:
 ``tests/dnc/test_dnc_fused.py`` compares the two forward and backward, states included, over
 every option, and gradchecks the operator alone.
@@ -43,6 +43,7 @@ OPERATOR_FIELDS = (
     "allocation_gates",
     "write_gates",
     "read_modes",
+    "sharpness",
 )
 
 
@@ -99,6 +100,7 @@ def memory_step(
     offsets: list[int],
     deepmind: bool,
     usage_write_grad: bool,
+    dealloc_content: bool,
     clip: float,
     eps: float,
 ) -> list[Tensor | None]:
@@ -110,7 +112,7 @@ def memory_step(
             [B, Wh, N] or None, read_weights [B, R, N], write_weights [B, Wh, N])`` in the
             interface's dtype.
         offsets: where each of :data:`OPERATOR_FIELDS` starts in ξ (-1: absent).
-        deepmind, usage_write_grad, clip, eps: the memory's options.
+        deepmind, usage_write_grad, dealloc_content, clip, eps: the memory's options.
 
     Returns:
         The new ``(memory, usage, link, precedence, read_weights, write_weights,
@@ -129,6 +131,7 @@ def memory_step(
         offsets,
         deepmind,
         usage_write_grad,
+        dealloc_content,
         clip,
         eps,
     )
@@ -159,6 +162,7 @@ def sequence(
     clip: float,
     deepmind: bool,
     usage_write_grad: bool,
+    dealloc_content: bool,
     interface_clip: float,
     eps: float,
 ) -> tuple[Tensor, Tensor, list[Tensor], list[Tensor | None]]:
@@ -174,7 +178,7 @@ def sequence(
             ``weight [I, L·H]`` and ``bias [I]``.
         offsets: where each of :data:`OPERATOR_FIELDS` starts in ξ.
         lstm, layers, forget_bias, clip: the controller. deepmind, usage_write_grad,
-            interface_clip, eps: the memory's options.
+            dealloc_content, interface_clip, eps: the memory's options.
 
     Returns:
         ``(hiddens [T, B, L·H], reads [T, B, R·W], final controller state as given, final
@@ -195,6 +199,7 @@ def sequence(
         clip,
         deepmind,
         usage_write_grad,
+        dealloc_content,
         interface_clip,
         eps,
     )

@@ -275,7 +275,7 @@ class DNCMemory(nn.Module):
         eps: the ε of the cosine and the usage clamp. Default 1e-6.
         implementation: 'auto' (default): on the CPU the fused C++ step
             (:mod:`relmem.cores.dnc.fused`), elsewhere, or with an option it does not run (the
-            sparse link, ``dealloc_content``, ``key_mask``, ``link_sharpness``), the reference
+            sparse link, ``key_mask``), the reference
             step, said once; 'fused': the fused step or an error saying why not; 'reference':
             the step of ``docs/dnc.md`` in eager ops (the oracle). Both give the same numbers
             up to rounding, forward and backward.
@@ -602,6 +602,7 @@ class DNCMemory(nn.Module):
                     self.operator_offsets,
                     self.compat == "deepmind",
                     self.usage_write_grad,
+                    self.dealloc_content,
                     self.interface_clip,
                     self.eps,
                 )
@@ -617,9 +618,7 @@ class DNCMemory(nn.Module):
             name
             for name, on in (
                 ("link='sparse'", self.link == "sparse"),
-                ("dealloc_content=True", self.dealloc_content),
                 ("key_mask=True", self.key_mask),
-                ("link_sharpness=True", self.link_sharpness),
             )
             if on
         ]

@@ -59,13 +59,14 @@ void linear(int64_t m, int64_t n, int64_t k, const T* A, int64_t lda, const T* B
 }
 
 // Where each field starts in the interface vector, in this fixed order (memory.py's
-// fused_offsets); read modes are -1 without a link.
+// fused_offsets); read modes are -1 without a link, the sharpness without link_sharpness.
 enum Field { kReadKeys, kReadStrengths, kWriteKeys, kWriteStrengths, kErase, kWriteVectors,
-             kFree, kAllocGates, kWriteGates, kReadModes, kFields };
+             kFree, kAllocGates, kWriteGates, kReadModes, kSharpness, kFields };
 
 struct Dims {
   int64_t N, W, R, Wh, I, P;
-  bool link, deepmind, usage_write_grad;
+  bool link, deepmind, usage_write_grad, dealloc;
+  bool sharpen;  // link_sharpness: the sharpness field is present (with a link)
   double clip, eps;
   int64_t off[kFields];
 
@@ -132,9 +133,11 @@ struct Scratch {
   Span<T> beta_r, beta_w, erase, free, ga, gw;   // squashed fields
   Span<T> pi;                                    // [R, P] read modes, paper order
   Span<T> psi, written, upre;                    // [N]
+  Span<T> mdeal;                                 // [N, W] ψ-freed memory (dealloc)
   Span<T> wc, wS, wd, wkn, mn_prev;              // write content [Wh, N] x3, [Wh], [N]
   Span<T> usim, sorted, prefix, alloc;           // [Wh, N]
-  Span<T> fwd, bwd;                              // [R, Wh, N]
+  Span<T> fwd, bwd;                              // [R, Wh, N] (sharpened with link_sharpness)
+  Span<T> sharp, fwd_raw, bwd_raw;               // [R, 2] s_b s_f; [R, Wh, N] before sharpening
   Span<T> rc, rS, rd, rkn, mn;                   // read content [R, N] x3, [R], [N]
   int64_t* order = nullptr;                      // [Wh, N] the allocation's sort
   Span<T> memory, usage, link, prec, rw, ww, rv; // the outputs
@@ -155,10 +158,13 @@ int64_t place(const Dims& d, Scratch<T>* s, T* base) {
   take(x.beta_r, R), take(x.beta_w, Wh), take(x.erase, Wh * d.W), take(x.free, R);
   take(x.ga, Wh), take(x.gw, Wh), take(x.pi, R * d.P);
   take(x.psi, N), take(x.written, N), take(x.upre, N);
+  take(x.mdeal, d.dealloc ? N * d.W : 0);
   take(x.wc, Wh * N), take(x.wS, Wh * N), take(x.wd, Wh * N), take(x.wkn, Wh);
   take(x.mn_prev, N);
   take(x.usim, Wh * N), take(x.sorted, Wh * N), take(x.prefix, Wh * N), take(x.alloc, Wh * N);
   take(x.fwd, links), take(x.bwd, links);
+  const int64_t sharpened = d.sharpen ? links : 0;
+  take(x.sharp, d.sharpen ? 2 * R : 0), take(x.fwd_raw, sharpened), take(x.bwd_raw, sharpened);
   take(x.rc, R * N), take(x.rS, R * N), take(x.rd, R * N), take(x.rkn, R), take(x.mn, N);
   return at;
 }
@@ -167,13 +173,13 @@ int64_t place(const Dims& d, Scratch<T>* s, T* base) {
 template <typename T>
 struct Work {
   std::vector<T> gmn, gx, gM, grw, gww, grc, gpi, gfwd, gbwd, gLrow, gerase, gga, ggw, gwc,
-      galloc, gu, gsorted, gbeta_r, gbeta_w, gfree, keep, gkeep, others;
+      galloc, gu, gsorted, gbeta_r, gbeta_w, gfree, keep, gkeep, others, gsharp;
   explicit Work(const Dims& d)
       : gmn(d.N), gx(d.I), gM(d.N * d.W), grw(d.R * d.N), gww(d.Wh * d.N), grc(d.R * d.N),
         gpi(d.R * d.P), gfwd(d.R * d.Wh * d.N), gbwd(d.R * d.Wh * d.N), gLrow(d.N),
         gerase(d.Wh * d.W), gga(d.Wh), ggw(d.Wh), gwc(d.Wh * d.N), galloc(d.Wh * d.N), gu(d.N),
         gsorted(d.N), gbeta_r(d.R), gbeta_w(d.Wh), gfree(d.R), keep(d.W), gkeep(d.W),
-        others(d.W) {}
+        others(d.W), gsharp(2 * d.R) {}
 };
 
 // ---------------------------------------------------------------- content addressing (§4)
@@ -237,6 +243,41 @@ void content_backward(const Dims& d, const T* M, const T* keys, const T* beta, i
   for (int64_t n = 0; n < N; ++n) axpy(gM + n * W, gmn[n] / mn[n], M + n * W, W);
 }
 
+// ---------------------------------------------------------------- link sharpening
+
+// y = x^s / (Σ x^s + ε) over n, a zero entry staying zero (addressing.sharpen).
+template <typename T>
+void sharpen_forward(const T* x, T s, T eps, int64_t N, T* y) {
+  T total = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    y[n] = x[n] > T(0) ? std::pow(x[n], s) : T(0);
+    total += y[n];
+  }
+  for (int64_t n = 0; n < N; ++n) y[n] /= total + eps;
+}
+
+// g holds the gradient of y on entry and that of x on return; returns the gradient of s.
+template <typename T>
+T sharpen_backward(const T* x, const T* y, T s, T eps, int64_t N, T* g) {
+  T total = 0, inner = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    total += x[n] > T(0) ? std::pow(x[n], s) : T(0);
+    inner += g[n] * y[n];
+  }
+  const T z = total + eps;
+  T gs = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    const T gp = (g[n] - inner) / z;  // of x^s: its own term and the sum's
+    if (x[n] > T(0)) {
+      gs += gp * std::pow(x[n], s) * std::log(x[n]);
+      g[n] = gp * s * std::pow(x[n], s - T(1));
+    } else {
+      g[n] = 0;
+    }
+  }
+  return gs;
+}
+
 // ---------------------------------------------------------------- one example's forward
 
 // The inputs of one example: pointers into the batch's tensors.
@@ -273,6 +314,9 @@ void step_forward(const Dims& d, const Inputs<T>& in, Scratch<T>& s) {
       for (int64_t p = 0; p < P; ++p) s.pi[r * P + p] = std::exp(raw[d.raw_mode(p)] - top) / total;
     }
   }
+  for (int64_t i = 0; i < (d.sharpen ? 2 * R : 0); ++i) {
+    s.sharp[i] = T(1) + softplus(xc[d.off[kSharpness] + i]);  // oneplus in both compat modes
+  }
   const T* read_keys = xc + d.off[kReadKeys];
   const T* write_keys = xc + d.off[kWriteKeys];
   const T* write_vectors = xc + d.off[kWriteVectors];
@@ -288,8 +332,20 @@ void step_forward(const Dims& d, const Inputs<T>& in, Scratch<T>& s) {
     s.usage[n] = std::min(std::max(s.upre[n], T(0)), T(1));
   }
 
+  // dealloc_content: the freed slots' contents are wiped, M ∘ ψ, before the write
+  const T* base_memory = in.M;
+  if (d.dealloc) {
+    for (int64_t n = 0; n < N; ++n) {
+      const T* mp = in.M + n * W;
+      T* __restrict row = s.mdeal.data() + n * W;
+#pragma omp simd
+      for (int64_t c = 0; c < W; ++c) row[c] = mp[c] * s.psi[n];
+    }
+    base_memory = s.mdeal.data();
+  }
+
   // 5. write weights: content on the previous memory, allocation from the new usage
-  content_forward(d, in.M, write_keys, s.beta_w.data(), Wh, s.wc.data(), s.wS.data(),
+  content_forward(d, base_memory, write_keys, s.beta_w.data(), Wh, s.wc.data(), s.wS.data(),
                   s.wd.data(), s.wkn.data(), s.mn_prev.data());
   std::copy(s.usage.data(), s.usage.data() + N, s.usim.data());
   for (int64_t j = 0; j < Wh; ++j) {
@@ -326,7 +382,7 @@ void step_forward(const Dims& d, const Inputs<T>& in, Scratch<T>& s) {
   // then + w_jn v_jc head by head
   for (int64_t n = 0; n < N; ++n) {
     T* __restrict row = s.memory.data() + n * W;
-    const T* mp = in.M + n * W;
+    const T* mp = base_memory + n * W;
     std::copy(mp, mp + W, row);
     for (int64_t j = 0; j < Wh; ++j) {
       const T w = s.ww[j * N + n];
@@ -362,6 +418,20 @@ void step_forward(const Dims& d, const Inputs<T>& in, Scratch<T>& s) {
       T total = 0;
       for (int64_t n = 0; n < N; ++n) total += w[n];
       for (int64_t n = 0; n < N; ++n) s.prec[j * N + n] = (T(1) - total) * pp[n] + w[n];
+    }
+  }
+
+  // link_sharpness: b^{s_b} and f^{s_f}, each normalised over the slots
+  if (d.sharpen) {
+    const int64_t links = R * Wh * N;
+    std::copy(s.bwd.data(), s.bwd.data() + links, s.bwd_raw.data());
+    std::copy(s.fwd.data(), s.fwd.data() + links, s.fwd_raw.data());
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t j = 0; j < Wh; ++j) {
+        const int64_t at = (r * Wh + j) * N;
+        sharpen_forward(s.bwd_raw.data() + at, s.sharp[2 * r], eps, N, s.bwd.data() + at);
+        sharpen_forward(s.fwd_raw.data() + at, s.sharp[2 * r + 1], eps, N, s.fwd.data() + at);
+      }
     }
   }
 
@@ -452,6 +522,20 @@ void step_backward(const Dims& d, const Inputs<T>& in, const Scratch<T>& s, cons
       }
     }
   }
+  // link_sharpness: gfwd and gbwd back through the sharpening, to the raw directional weights
+  std::vector<T>& gsharp = work.gsharp;
+  if (d.sharpen) {
+    for (int64_t r = 0; r < R; ++r) {
+      gsharp[2 * r] = gsharp[2 * r + 1] = 0;
+      for (int64_t j = 0; j < Wh; ++j) {
+        const int64_t at = (r * Wh + j) * N;
+        gsharp[2 * r] += sharpen_backward(s.bwd_raw.data() + at, s.bwd.data() + at,
+                                          s.sharp[2 * r], eps, N, gbwd.data() + at);
+        gsharp[2 * r + 1] += sharpen_backward(s.fwd_raw.data() + at, s.fwd.data() + at,
+                                              s.sharp[2 * r + 1], eps, N, gfwd.data() + at);
+      }
+    }
+  }
   std::vector<T>& gbeta_r = work.gbeta_r;
   content_backward(d, s.memory.data(), xc + d.off[kReadKeys], s.beta_r.data(), R, s.rc.data(),
                    s.rS.data(), s.rd.data(), s.rkn.data(), s.mn.data(), grc.data(), gM.data(),
@@ -517,6 +601,7 @@ void step_backward(const Dims& d, const Inputs<T>& in, const Scratch<T>& s, cons
     }
   }
 
+  const T* base_memory = d.dealloc ? s.mdeal.data() : in.M;
   // 6. erase and add, a memory row at a time with the word's columns innermost (vectorised):
   // M[n, c] = Mp[n, c] Π_j (1 − w_jn e_jc) + Σ_j w_jn v_jc
   std::vector<T>& gerase = work.gerase;
@@ -535,8 +620,8 @@ void step_backward(const Dims& d, const Inputs<T>& in, const Scratch<T>& s, cons
 #pragma omp simd
       for (int64_t c = 0; c < W; ++c) keep[c] *= T(1) - w * e[c];
     }
-    T* __restrict gmp = g.Mp + n * W;
-    const T* mp = in.M + n * W;
+    T* __restrict gmp = g.Mp + n * W;  // of the memory written to (M ∘ ψ with dealloc)
+    const T* mp = base_memory + n * W;
 #pragma omp simd
     for (int64_t c = 0; c < W; ++c) {
       gmp[c] = gm[c] * keep[c];
@@ -613,9 +698,25 @@ void step_backward(const Dims& d, const Inputs<T>& in, const Scratch<T>& s, cons
     for (int64_t k = 0; k < N; ++k) gu[order[k]] += (T(1) - eps) * gsorted[k];
   }
   std::vector<T>& gbeta_w = work.gbeta_w;
-  content_backward(d, in.M, xc + d.off[kWriteKeys], s.beta_w.data(), Wh, s.wc.data(),
+  content_backward(d, base_memory, xc + d.off[kWriteKeys], s.beta_w.data(), Wh, s.wc.data(),
                    s.wS.data(), s.wd.data(), s.wkn.data(), s.mn_prev.data(), gwc.data(), g.Mp,
                    gx.data() + d.off[kWriteKeys], gbeta_w.data(), gmn);
+  // dealloc_content: g.Mp holds the gradient of M ∘ ψ; gmn (free again) takes ψ's share
+  std::fill(gmn.begin(), gmn.end(), T(0));
+  if (d.dealloc) {
+    for (int64_t n = 0; n < N; ++n) {
+      T* __restrict gmp = g.Mp + n * W;
+      const T* mp = in.M + n * W;
+      const T psi = s.psi[n];
+      T gpsi = 0;
+#pragma omp simd reduction(+ : gpsi)
+      for (int64_t c = 0; c < W; ++c) {
+        gpsi += gmp[c] * mp[c];
+        gmp[c] *= psi;
+      }
+      gmn[n] = gpsi;
+    }
+  }
 
   // 4. usage (gu now also holds the output's gradient)
   std::vector<T>& gfree = work.gfree;
@@ -626,7 +727,7 @@ void step_backward(const Dims& d, const Inputs<T>& in, const Scratch<T>& s, cons
     if (!(s.upre[n] >= T(0) && s.upre[n] <= T(1))) gun = 0;
     const T up = in.u[n], wr = s.written[n], psi = s.psi[n];
     g.up[n] = gun * psi * (T(1) - wr);
-    const T gpsi = gun * (up + wr - up * wr);
+    const T gpsi = gun * (up + wr - up * wr) + gmn[n];
     if (g.wwp) {
       const T gwr = gun * psi * (T(1) - up);
       for (int64_t j = 0; j < Wh; ++j) {
@@ -672,6 +773,10 @@ void step_backward(const Dims& d, const Inputs<T>& in, const Scratch<T>& s, cons
       }
     }
   }
+  for (int64_t i = 0; i < (d.sharpen ? 2 * R : 0); ++i) {
+    const int64_t at_s = d.off[kSharpness] + i;
+    gx[at_s] = gsharp[i] * softplus_grad(xc[at_s]);
+  }
   for (int64_t i = 0; i < d.I; ++i) g.xi[i] = inside(in.xi[i], d.clip) ? gx[i] : T(0);
 }
 
@@ -679,7 +784,7 @@ void step_backward(const Dims& d, const Inputs<T>& in, const Scratch<T>& s, cons
 
 Dims make_dims(const Tensor& interface, const Tensor& memory, const Tensor& read_weights,
                const Tensor& write_weights, bool link, at::IntArrayRef offsets, bool deepmind,
-               bool usage_write_grad, double clip, double eps) {
+               bool usage_write_grad, bool dealloc, double clip, double eps) {
   TORCH_CHECK(offsets.size() == kFields, "relmem DNC memory step: offsets must hold ", kFields,
               " field offsets, got ", offsets.size());
   Dims d;
@@ -692,6 +797,8 @@ Dims make_dims(const Tensor& interface, const Tensor& memory, const Tensor& read
   d.link = link;
   d.deepmind = deepmind;
   d.usage_write_grad = usage_write_grad;
+  d.dealloc = dealloc;
+  d.sharpen = link && offsets[kSharpness] >= 0;
   d.clip = clip;
   d.eps = eps;
   for (int64_t f = 0; f < kFields; ++f) d.off[f] = offsets[f];
@@ -718,9 +825,9 @@ void check_inputs(const Dims& d, const tensor_list& t) {
   TORCH_CHECK(t[0].scalar_type() == at::kFloat || t[0].scalar_type() == at::kDouble,
               "relmem DNC memory step: float32 or float64 only, got ", t[0].scalar_type());
   const int64_t sizes[kFields] = {d.R * d.W, d.R,  d.Wh * d.W, d.Wh, d.Wh * d.W,
-                                  d.Wh * d.W, d.R, d.Wh,      d.Wh, d.R * d.P};
+                                  d.Wh * d.W, d.R, d.Wh,      d.Wh, d.R * d.P, 2 * d.R};
   for (int64_t f = 0; f < kFields; ++f) {
-    if (f == kReadModes && !d.link) continue;
+    if ((f == kReadModes && !d.link) || (f == kSharpness && !d.sharpen)) continue;
     TORCH_CHECK(d.off[f] >= 0 && d.off[f] + sizes[f] <= d.I,
                 "relmem DNC memory step: field ", f, " at offset ", d.off[f], " (size ", sizes[f],
                 ") lies outside the interface of size ", d.I);
@@ -879,10 +986,10 @@ class MemoryStep : public torch::autograd::Function<MemoryStep> {
                              const Tensor& usage, const Tensor& link, const Tensor& precedence,
                              const Tensor& read_weights, const Tensor& write_weights,
                              at::IntArrayRef offsets, bool deepmind, bool usage_write_grad,
-                             double clip, double eps) {
+                             bool dealloc, double clip, double eps) {
     tensor_list t{interface, memory, usage, link, precedence, read_weights, write_weights};
     const Dims d = make_dims(interface, memory, read_weights, write_weights, link.numel() > 0,
-                             offsets, deepmind, usage_write_grad, clip, eps);
+                             offsets, deepmind, usage_write_grad, dealloc, clip, eps);
     const int64_t B = interface.size(0);
     const Tensor slabs = at::empty({B, slab_size(d)}, interface.options());
     const Tensor orders = at::empty({B, d.Wh * d.N}, interface.options().dtype(at::kLong));
@@ -895,6 +1002,7 @@ class MemoryStep : public torch::autograd::Function<MemoryStep> {
     ctx->saved_data["offsets"] = offsets.vec();
     ctx->saved_data["deepmind"] = deepmind;
     ctx->saved_data["usage_write_grad"] = usage_write_grad;
+    ctx->saved_data["dealloc"] = dealloc;
     ctx->saved_data["clip"] = clip;
     ctx->saved_data["eps"] = eps;
     if (!d.link) ctx->mark_non_differentiable({out[2], out[3]});
@@ -912,9 +1020,10 @@ class MemoryStep : public torch::autograd::Function<MemoryStep> {
     const Dims d = make_dims(t[0], t[1], t[5], t[6], t[3].numel() > 0, offsets,
                              ctx->saved_data["deepmind"].toBool(),
                              ctx->saved_data["usage_write_grad"].toBool(),
+                             ctx->saved_data["dealloc"].toBool(),
                              ctx->saved_data["clip"].toDouble(), ctx->saved_data["eps"].toDouble());
     tensor_list gin = run_backward(d, t, out, saved[14], saved[15], grads);
-    gin.resize(gin.size() + 5);  // offsets, deepmind, usage_write_grad, clip, eps
+    gin.resize(gin.size() + 6);  // offsets, deepmind, usage_write_grad, dealloc, clip, eps
     return gin;
   }
 };
@@ -922,7 +1031,7 @@ class MemoryStep : public torch::autograd::Function<MemoryStep> {
 tensor_list memory_step(const Tensor& interface, const Tensor& memory, const Tensor& usage,
                         const Tensor& link, const Tensor& precedence, const Tensor& read_weights,
                         const Tensor& write_weights, at::IntArrayRef offsets, bool deepmind,
-                        bool usage_write_grad, double clip, double eps) {
+                        bool usage_write_grad, bool dealloc, double clip, double eps) {
   TORCH_CHECK(interface.dim() == 2 && memory.dim() == 3 && read_weights.dim() == 3 &&
                   write_weights.dim() == 3,
               "relmem DNC memory step: expected interface [B, I], memory [B, N, W], "
@@ -932,14 +1041,14 @@ tensor_list memory_step(const Tensor& interface, const Tensor& memory, const Ten
                 link.contiguous(), precedence.contiguous(), read_weights.contiguous(),
                 write_weights.contiguous()};
   const Dims d = make_dims(t[0], t[1], t[5], t[6], link.numel() > 0, offsets, deepmind,
-                           usage_write_grad, clip, eps);
+                           usage_write_grad, dealloc, clip, eps);
   check_inputs(d, t);
   bool grad = false;
   for (const Tensor& x : t) grad = grad || x.requires_grad();
   // Without a gradient to make, nothing is kept (inference holds no step's inputs).
   if (!at::GradMode::is_enabled() || !grad) return run_forward(d, t, Tensor(), Tensor());
   return MemoryStep::apply(t[0], t[1], t[2], t[3], t[4], t[5], t[6], offsets, deepmind,
-                           usage_write_grad, clip, eps);
+                           usage_write_grad, dealloc, clip, eps);
 }
 
 // ---------------------------------------------------------------- the sequence (§2 over time)
@@ -1375,10 +1484,10 @@ Seq make_seq(const Tensor& x, at::TensorList ctrl, at::TensorList weights, bool 
 }
 
 Dims sequence_dims(at::TensorList mem, const Tensor& w_xi, at::IntArrayRef offsets, bool deepmind,
-                   bool usage_write_grad, double interface_clip, double eps) {
+                   bool usage_write_grad, bool dealloc, double interface_clip, double eps) {
   const Tensor interface = at::empty({1, w_xi.size(0)}, w_xi.options());
   return make_dims(interface, mem[0], mem[4], mem[5], mem[2].numel() > 0, offsets, deepmind,
-                   usage_write_grad, interface_clip, eps);
+                   usage_write_grad, dealloc, interface_clip, eps);
 }
 
 void check_sequence(const Seq& q, const Dims& d, const Tensor& x, const Tensor& lengths,
@@ -1461,10 +1570,11 @@ class Sequence : public torch::autograd::Function<Sequence> {
                              at::TensorList ctrl, at::TensorList mem, at::TensorList weights,
                              at::IntArrayRef offsets, bool lstm, int64_t layers,
                              double forget_bias, double clip, bool deepmind,
-                             bool usage_write_grad, double interface_clip, double eps) {
+                             bool usage_write_grad, bool dealloc, double interface_clip,
+                             double eps) {
     const Seq q = make_seq(x, ctrl, weights, lstm, layers, forget_bias, clip, true);
     const Dims d = sequence_dims(mem, weights[4 * layers], offsets, deepmind, usage_write_grad,
-                                 interface_clip, eps);
+                                 dealloc, interface_clip, eps);
     const tensor_list w(weights.begin(), weights.end());
     Buffers buf = allocate_buffers(q, d, x.options());
     tensor_list out = run_sequence(q, d, x, lengths, ctrl, mem, w, buf);
@@ -1484,6 +1594,7 @@ class Sequence : public torch::autograd::Function<Sequence> {
     ctx->saved_data["clip"] = clip;
     ctx->saved_data["deepmind"] = deepmind;
     ctx->saved_data["usage_write_grad"] = usage_write_grad;
+    ctx->saved_data["dealloc"] = dealloc;
     ctx->saved_data["interface_clip"] = interface_clip;
     ctx->saved_data["eps"] = eps;
     const int64_t first_mem = 2 + (lstm ? 2 : 1) * layers;
@@ -1529,6 +1640,7 @@ class Sequence : public torch::autograd::Function<Sequence> {
     const Dims d = sequence_dims(mem0, w[4 * layers], offsets,
                                  ctx->saved_data["deepmind"].toBool(),
                                  ctx->saved_data["usage_write_grad"].toBool(),
+                                 ctx->saved_data["dealloc"].toBool(),
                                  ctx->saved_data["interface_clip"].toDouble(),
                                  ctx->saved_data["eps"].toDouble());
     const int64_t n_ctrl = (lstm ? 2 : 1) * layers;
@@ -1540,10 +1652,10 @@ class Sequence : public torch::autograd::Function<Sequence> {
       out = sequence_backward<scalar_t>(q, d, x, lengths, w, buf, hiddens, defined(grads[0]),
                                         defined(grads[1]), g_ctrl, g_mem);
     });
-    // one gradient per input, the lists flattened: x, lengths, ctrl, mem, weights, 9 options
+    // one gradient per input, the lists flattened: x, lengths, ctrl, mem, weights, 10 options
     tensor_list result{out[0], Tensor()};
     result.insert(result.end(), out.begin() + 1, out.end());
-    result.resize(result.size() + 9);
+    result.resize(result.size() + 10);
     return result;
   }
 };
@@ -1551,7 +1663,7 @@ class Sequence : public torch::autograd::Function<Sequence> {
 tensor_list sequence(const Tensor& x, const std::optional<Tensor>& lengths, at::TensorList ctrl,
                      at::TensorList mem, at::TensorList weights, at::IntArrayRef offsets, bool lstm,
                      int64_t layers, double forget_bias, double clip, bool deepmind,
-                     bool usage_write_grad, double interface_clip, double eps) {
+                     bool usage_write_grad, bool dealloc, double interface_clip, double eps) {
   TORCH_CHECK(layers >= 1 && !ctrl.empty() && static_cast<int64_t>(weights.size()) == 4 * layers + 2,
               "relmem DNC sequence: expected ", 4 * layers + 2, " weights for ", layers,
               " layers, got ", weights.size());
@@ -1568,7 +1680,7 @@ tensor_list sequence(const Tensor& x, const std::optional<Tensor>& lengths, at::
   for (const Tensor& t : weights) w.push_back(t.contiguous());
   const Seq probe = make_seq(xc, c, w, lstm, layers, forget_bias, clip, false);
   TORCH_CHECK(m.size() == 7, "relmem DNC sequence: expected 7 memory state tensors, got ", m.size());
-  const Dims d = sequence_dims(m, w[4 * layers], offsets, deepmind, usage_write_grad,
+  const Dims d = sequence_dims(m, w[4 * layers], offsets, deepmind, usage_write_grad, dealloc,
                                interface_clip, eps);
   check_sequence(probe, d, xc, len, c, m, w);
   const auto needs = [](const Tensor& t) { return t.defined() && t.requires_grad(); };
@@ -1584,7 +1696,7 @@ tensor_list sequence(const Tensor& x, const std::optional<Tensor>& lengths, at::
   }
   // the lists as TensorList: autograd links the tensors of a TensorList argument, not of a vector
   return Sequence::apply(xc, len, at::TensorList(c), at::TensorList(m), at::TensorList(w), offsets,
-                         lstm, layers, forget_bias, clip, deepmind, usage_write_grad,
+                         lstm, layers, forget_bias, clip, deepmind, usage_write_grad, dealloc,
                          interface_clip, eps);
 }
 
@@ -1598,11 +1710,12 @@ TORCH_LIBRARY(relmem_dnc, m) {
   m.def(
       "memory_step(Tensor interface, Tensor memory, Tensor usage, Tensor link, Tensor precedence, "
       "Tensor read_weights, Tensor write_weights, int[] offsets, bool deepmind, "
-      "bool usage_write_grad, float clip, float eps) -> Tensor[]");
+      "bool usage_write_grad, bool dealloc_content, float clip, float eps) -> Tensor[]");
   m.def(
       "sequence(Tensor x, Tensor? lengths, Tensor[] controller, Tensor[] memory, "
       "Tensor[] weights, int[] offsets, bool lstm, int layers, float forget_bias, float clip, "
-      "bool deepmind, bool usage_write_grad, float interface_clip, float eps) -> Tensor[]");
+      "bool deepmind, bool usage_write_grad, bool dealloc_content, float interface_clip, "
+      "float eps) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(relmem_dnc, CompositeImplicitAutograd, m) {
