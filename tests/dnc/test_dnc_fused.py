@@ -51,6 +51,8 @@ OPTIONS = [
             {"dealloc_content": True, "usage_write_grad": True},
             {"link_sharpness": True},
             {"link_sharpness": True, "dealloc_content": True, "interface_clip": 1.5},
+            {"key_mask": True},
+            {"key_mask": True, "link_sharpness": True, "dealloc_content": True},
         ],
     )
 ]
@@ -149,6 +151,14 @@ def test_the_fused_step_is_the_reference_forward_and_backward(options: dict) -> 
             "usage_write_grad": True,
             "link_sharpness": True,
         },
+        {
+            "compat": "paper",
+            "link": "none",
+            "num_write_heads": 2,
+            "num_read_heads": 2,
+            "usage_write_grad": True,
+            "key_mask": True,
+        },
     ],
 )
 def test_the_operator_backward_passes_gradcheck(options: dict) -> None:
@@ -206,7 +216,10 @@ def _compare_modules(fused, reference, run) -> None:
 
 @pytest.mark.parametrize("compat", ["paper", "deepmind"])
 @pytest.mark.parametrize("layers", [1, 2])
-@pytest.mark.parametrize("flags", [{}, {"dealloc_content": True}, {"link_sharpness": True}])
+@pytest.mark.parametrize(
+    "flags",
+    [{}, {"dealloc_content": True}, {"link_sharpness": True}, {"key_mask": True}],
+)
 def test_dnc_and_its_cell_run_the_fused_step_exactly(compat: str, layers: int, flags) -> None:
     kwargs = {
         "input_size": 5,
@@ -312,7 +325,7 @@ def test_the_sequence_gives_the_same_numbers_with_its_gemms_through_aten() -> No
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "20 passed" in result.stdout, result.stdout[-2000:]
+    assert "24 passed" in result.stdout, result.stdout[-2000:]
     probe = "import relmem.cores.dnc.fused as f, torch; f.load_dnc_ops(); "
     probe += "print(torch.ops.relmem_dnc.direct_gemm())"
     said = subprocess.run(
@@ -336,7 +349,6 @@ def test_the_default_is_the_fused_step_on_the_cpu() -> None:
     ("option", "named"),
     [
         ({"link": "sparse", "link_topk": 2}, "link='sparse'"),
-        ({"key_mask": True}, "key_mask=True"),
     ],
 )
 def test_an_option_it_does_not_run_keeps_the_reference_and_says_so_once(
@@ -402,10 +414,10 @@ def test_the_operator_names_a_bad_argument() -> None:
         torch.ops.relmem_dnc.memory_step(*bad)
     bad = list(args)
     bad[7] = [0] * 10
-    with pytest.raises(RuntimeError, match="offsets must hold 11 field offsets, got 10"):
+    with pytest.raises(RuntimeError, match="offsets must hold 13 field offsets, got 10"):
         torch.ops.relmem_dnc.memory_step(*bad)
     bad = list(args)
-    bad[7] = [10_000] * 11
+    bad[7] = [10_000] * 13
     with pytest.raises(RuntimeError, match="lies outside the interface"):
         torch.ops.relmem_dnc.memory_step(*bad)
 
@@ -454,6 +466,7 @@ def _sequence_args(lstm: bool, layers: int, link: str, seed: int = 0, **options)
         (False, 1, "none", 0.0, 0.0, {}),
         (False, 2, "dense", 0.0, 0.0, {}),
         (False, 1, "dense", 0.0, 0.0, {"dealloc_content": True, "link_sharpness": True}),
+        (True, 1, "dense", 0.0, 0.0, {"key_mask": True}),
     ],
 )
 def test_the_sequence_operator_passes_gradcheck(

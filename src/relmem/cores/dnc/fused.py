@@ -10,8 +10,9 @@ vectors, as a few loops per example with a hand-written backward: one autograd n
 step over a chunk of time with one autograd node.
 
 What it runs: the link 'dense' or 'none', compat 'paper' or 'deepmind', any number of read and
-write heads, ``usage_write_grad``, ``dealloc_content``, ``link_sharpness``, ``interface_clip``,
-``eps``; float32 and float64 on the CPU. The sparse link and ``key_mask`` run the reference step
+write heads, and every option (``usage_write_grad``, ``dealloc_content``, ``key_mask``,
+``link_sharpness``, ``interface_clip``, ``eps``); float32 and float64 on the CPU. The sparse link
+runs the reference step
 (``DNCMemory.unfused_reason`` says why, once). The reference stays the oracle:
 ``tests/dnc/test_dnc_fused.py`` compares the two forward and backward, states included, over
 every option, and gradchecks the operator alone.
@@ -44,6 +45,8 @@ OPERATOR_FIELDS = (
     "write_gates",
     "read_modes",
     "sharpness",
+    "read_masks",
+    "write_masks",
 )
 
 

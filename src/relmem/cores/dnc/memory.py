@@ -274,11 +274,10 @@ class DNCMemory(nn.Module):
         interface_clip: clamp ξ to ±value before squashing; 0 (default) disables it.
         eps: the ε of the cosine and the usage clamp. Default 1e-6.
         implementation: 'auto' (default): on the CPU the fused C++ step
-            (:mod:`relmem.cores.dnc.fused`), elsewhere, or with an option it does not run (the
-            sparse link, ``key_mask``), the reference
-            step, said once; 'fused': the fused step or an error saying why not; 'reference':
-            the step of ``docs/dnc.md`` in eager ops (the oracle). Both give the same numbers
-            up to rounding, forward and backward.
+            (:mod:`relmem.cores.dnc.fused`), elsewhere, or with the sparse link (which it does
+            not run), the reference step, said once; 'fused': the fused step or an error saying
+            why not; 'reference': the step of ``docs/dnc.md`` in eager ops (the oracle). Both
+            give the same numbers up to rounding, forward and backward.
         device, dtype: factory arguments.
 
     Shapes:
@@ -614,17 +613,9 @@ class DNCMemory(nn.Module):
     def unfused_reason(self) -> str | None:
         """Why this memory's options keep it on the reference step, or None when the fused
         step runs them."""
-        options = [
-            name
-            for name, on in (
-                ("link='sparse'", self.link == "sparse"),
-                ("key_mask=True", self.key_mask),
-            )
-            if on
-        ]
-        if not options:
+        if self.link != "sparse":
             return None
-        return f"the fused DNC memory step does not implement {', '.join(options)}"
+        return "the fused DNC memory step does not implement link='sparse'"
 
     def runs_fused(self, interface: Tensor) -> bool:
         """Whether this step runs the fused operator (see ``implementation``).

@@ -59,14 +59,17 @@ void linear(int64_t m, int64_t n, int64_t k, const T* A, int64_t lda, const T* B
 }
 
 // Where each field starts in the interface vector, in this fixed order (memory.py's
-// fused_offsets); read modes are -1 without a link, the sharpness without link_sharpness.
+// fused_offsets); read modes are -1 without a link, the sharpness without link_sharpness, the
+// masks without key_mask.
 enum Field { kReadKeys, kReadStrengths, kWriteKeys, kWriteStrengths, kErase, kWriteVectors,
-             kFree, kAllocGates, kWriteGates, kReadModes, kSharpness, kFields };
+             kFree, kAllocGates, kWriteGates, kReadModes, kSharpness, kReadMasks, kWriteMasks,
+             kFields };
 
 struct Dims {
   int64_t N, W, R, Wh, I, P;
   bool link, deepmind, usage_write_grad, dealloc;
   bool sharpen;  // link_sharpness: the sharpness field is present (with a link)
+  bool mask;     // key_mask: the mask fields are present
   double clip, eps;
   int64_t off[kFields];
 
@@ -134,11 +137,12 @@ struct Scratch {
   Span<T> pi;                                    // [R, P] read modes, paper order
   Span<T> psi, written, upre;                    // [N]
   Span<T> mdeal;                                 // [N, W] ψ-freed memory (dealloc)
-  Span<T> wc, wS, wd, wkn, mn_prev;              // write content [Wh, N] x3, [Wh], [N]
+  Span<T> wc, wS, wd, wkn, mn_prev;              // write content [Wh, N] x3, [Wh], [N] ([Wh, N] masked)
   Span<T> usim, sorted, prefix, alloc;           // [Wh, N]
   Span<T> fwd, bwd;                              // [R, Wh, N] (sharpened with link_sharpness)
   Span<T> sharp, fwd_raw, bwd_raw;               // [R, 2] s_b s_f; [R, Wh, N] before sharpening
-  Span<T> rc, rS, rd, rkn, mn;                   // read content [R, N] x3, [R], [N]
+  Span<T> rc, rS, rd, rkn, mn;                   // read content [R, N] x3, [R], [N] ([R, N] masked)
+  Span<T> rmask, wmask;                          // key_mask: [R, W], [Wh, W]
   int64_t* order = nullptr;                      // [Wh, N] the allocation's sort
   Span<T> memory, usage, link, prec, rw, ww, rv; // the outputs
 };
@@ -160,12 +164,14 @@ int64_t place(const Dims& d, Scratch<T>* s, T* base) {
   take(x.psi, N), take(x.written, N), take(x.upre, N);
   take(x.mdeal, d.dealloc ? N * d.W : 0);
   take(x.wc, Wh * N), take(x.wS, Wh * N), take(x.wd, Wh * N), take(x.wkn, Wh);
-  take(x.mn_prev, N);
+  take(x.mn_prev, d.mask ? Wh * N : N);
   take(x.usim, Wh * N), take(x.sorted, Wh * N), take(x.prefix, Wh * N), take(x.alloc, Wh * N);
   take(x.fwd, links), take(x.bwd, links);
   const int64_t sharpened = d.sharpen ? links : 0;
   take(x.sharp, d.sharpen ? 2 * R : 0), take(x.fwd_raw, sharpened), take(x.bwd_raw, sharpened);
-  take(x.rc, R * N), take(x.rS, R * N), take(x.rd, R * N), take(x.rkn, R), take(x.mn, N);
+  take(x.rc, R * N), take(x.rS, R * N), take(x.rd, R * N), take(x.rkn, R);
+  take(x.mn, d.mask ? R * N : N);
+  take(x.rmask, d.mask ? R * d.W : 0), take(x.wmask, d.mask ? Wh * d.W : 0);
   return at;
 }
 
@@ -173,13 +179,15 @@ int64_t place(const Dims& d, Scratch<T>* s, T* base) {
 template <typename T>
 struct Work {
   std::vector<T> gmn, gx, gM, grw, gww, grc, gpi, gfwd, gbwd, gLrow, gerase, gga, ggw, gwc,
-      galloc, gu, gsorted, gbeta_r, gbeta_w, gfree, keep, gkeep, others, gsharp;
+      galloc, gu, gsorted, gbeta_r, gbeta_w, gfree, keep, gkeep, others, gsharp, grmask, gwmask,
+      km, gkm;
   explicit Work(const Dims& d)
       : gmn(d.N), gx(d.I), gM(d.N * d.W), grw(d.R * d.N), gww(d.Wh * d.N), grc(d.R * d.N),
         gpi(d.R * d.P), gfwd(d.R * d.Wh * d.N), gbwd(d.R * d.Wh * d.N), gLrow(d.N),
         gerase(d.Wh * d.W), gga(d.Wh), ggw(d.Wh), gwc(d.Wh * d.N), galloc(d.Wh * d.N), gu(d.N),
         gsorted(d.N), gbeta_r(d.R), gbeta_w(d.Wh), gfree(d.R), keep(d.W), gkeep(d.W),
-        others(d.W), gsharp(2 * d.R) {}
+        others(d.W), gsharp(2 * d.R), grmask(d.R * d.W), gwmask(d.Wh * d.W), km(d.W),
+        gkm(d.W) {}
 };
 
 // ---------------------------------------------------------------- content addressing (§4)
@@ -241,6 +249,91 @@ void content_backward(const Dims& d, const T* M, const T* keys, const T* beta, i
     axpy(gk, gkn / kn[h], k, W);
   }
   for (int64_t n = 0; n < N; ++n) axpy(gM + n * W, gmn[n] / mn[n], M + n * W, W);
+}
+
+// key_mask: head h's key and every memory row masked by m_h [W] before the cosine:
+// S[h, n] = (k_h ∘ m_h)·(M_n ∘ m_h) / (‖k_h ∘ m_h‖_ε ‖M_n ∘ m_h‖_ε + ε); mn is [H, N].
+template <typename T>
+void masked_content_forward(const Dims& d, const T* M, const T* keys, const T* beta,
+                            const T* masks, int64_t H, T* w, T* S, T* dots, T* kn, T* mn) {
+  const int64_t N = d.N, W = d.W;
+  const T eps = T(d.eps);
+  for (int64_t h = 0; h < H; ++h) {
+    const T* k = keys + h * W;
+    const T* m = masks + h * W;
+    T kk = 0;
+    for (int64_t c = 0; c < W; ++c) kk += (k[c] * m[c]) * (k[c] * m[c]);
+    kn[h] = std::sqrt(kk + eps);
+    T top = -std::numeric_limits<T>::infinity();
+    for (int64_t n = 0; n < N; ++n) {
+      const T* row = M + n * W;
+      T p = 0, q = 0;
+      for (int64_t c = 0; c < W; ++c) {
+        const T mm = row[c] * m[c];
+        p += (k[c] * m[c]) * mm;
+        q += mm * mm;
+      }
+      mn[h * N + n] = std::sqrt(q + eps);
+      dots[h * N + n] = p;
+      S[h * N + n] = p / (kn[h] * mn[h * N + n] + eps);
+      top = std::max(top, beta[h] * S[h * N + n]);
+    }
+    T total = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      w[h * N + n] = exp_nonpositive(beta[h] * S[h * N + n] - top);
+      total += w[h * N + n];
+    }
+    for (int64_t n = 0; n < N; ++n) w[h * N + n] /= total;
+  }
+}
+
+// Adds to gM [N, W]; writes gkeys [H, W], gbeta [H] and gmasks [H, W].
+template <typename T>
+void masked_content_backward(const Dims& d, const T* M, const T* keys, const T* beta,
+                             const T* masks, int64_t H, const T* w, const T* S, const T* dots,
+                             const T* kn, const T* mn, const T* gw, T* gM, T* gkeys, T* gbeta,
+                             T* gmasks, Work<T>& work) {
+  const int64_t N = d.N, W = d.W;
+  const T eps = T(d.eps);
+  T* km = work.km.data();
+  T* gkm = work.gkm.data();
+  for (int64_t h = 0; h < H; ++h) {
+    const T* k = keys + h * W;
+    const T* m = masks + h * W;
+    T* gm = gmasks + h * W;
+    for (int64_t c = 0; c < W; ++c) km[c] = k[c] * m[c];
+    std::fill(gkm, gkm + W, T(0));
+    std::fill(gm, gm + W, T(0));
+    const T inner = dot(gw + h * N, w + h * N, N);
+    T gb = 0, gkn = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      const T gz = w[h * N + n] * (gw[h * N + n] - inner);
+      gb += gz * S[h * N + n];
+      const T gS = gz * beta[h];
+      const T mnh = mn[h * N + n];
+      const T den = kn[h] * mnh + eps;
+      const T gdot = gS / den;
+      const T gden = -gS * dots[h * N + n] / (den * den);
+      gkn += gden * mnh;
+      const T gnorm = gden * kn[h] / mnh;  // of ‖M_n ∘ m‖, over the norm
+      const T* row = M + n * W;
+      T* grow = gM + n * W;
+      for (int64_t c = 0; c < W; ++c) {
+        const T mm = row[c] * m[c];
+        const T gmm = gdot * km[c] + gnorm * mm;  // of M_n ∘ m
+        gkm[c] += gdot * mm;
+        grow[c] += gmm * m[c];
+        gm[c] += gmm * row[c];
+      }
+    }
+    gbeta[h] = gb;
+    T* gk = gkeys + h * W;
+    for (int64_t c = 0; c < W; ++c) {
+      const T g = gkm[c] + gkn * km[c] / kn[h];  // of k ∘ m
+      gk[c] = g * m[c];
+      gm[c] += g * k[c];
+    }
+  }
 }
 
 // ---------------------------------------------------------------- link sharpening
@@ -317,6 +410,10 @@ void step_forward(const Dims& d, const Inputs<T>& in, Scratch<T>& s) {
   for (int64_t i = 0; i < (d.sharpen ? 2 * R : 0); ++i) {
     s.sharp[i] = T(1) + softplus(xc[d.off[kSharpness] + i]);  // oneplus in both compat modes
   }
+  for (int64_t i = 0; i < (d.mask ? R * W : 0); ++i) s.rmask[i] = sigmoid(xc[d.off[kReadMasks] + i]);
+  for (int64_t i = 0; i < (d.mask ? Wh * W : 0); ++i) {
+    s.wmask[i] = sigmoid(xc[d.off[kWriteMasks] + i]);
+  }
   const T* read_keys = xc + d.off[kReadKeys];
   const T* write_keys = xc + d.off[kWriteKeys];
   const T* write_vectors = xc + d.off[kWriteVectors];
@@ -345,8 +442,13 @@ void step_forward(const Dims& d, const Inputs<T>& in, Scratch<T>& s) {
   }
 
   // 5. write weights: content on the previous memory, allocation from the new usage
-  content_forward(d, base_memory, write_keys, s.beta_w.data(), Wh, s.wc.data(), s.wS.data(),
-                  s.wd.data(), s.wkn.data(), s.mn_prev.data());
+  if (d.mask) {
+    masked_content_forward(d, base_memory, write_keys, s.beta_w.data(), s.wmask.data(), Wh,
+                           s.wc.data(), s.wS.data(), s.wd.data(), s.wkn.data(), s.mn_prev.data());
+  } else {
+    content_forward(d, base_memory, write_keys, s.beta_w.data(), Wh, s.wc.data(), s.wS.data(),
+                    s.wd.data(), s.wkn.data(), s.mn_prev.data());
+  }
   std::copy(s.usage.data(), s.usage.data() + N, s.usim.data());
   for (int64_t j = 0; j < Wh; ++j) {
     T* u = s.usim.data() + j * N;
@@ -436,8 +538,13 @@ void step_forward(const Dims& d, const Inputs<T>& in, Scratch<T>& s) {
   }
 
   // 8. read weights on the new memory, then read vectors
-  content_forward(d, s.memory.data(), read_keys, s.beta_r.data(), R, s.rc.data(), s.rS.data(),
-                  s.rd.data(), s.rkn.data(), s.mn.data());
+  if (d.mask) {
+    masked_content_forward(d, s.memory.data(), read_keys, s.beta_r.data(), s.rmask.data(), R,
+                           s.rc.data(), s.rS.data(), s.rd.data(), s.rkn.data(), s.mn.data());
+  } else {
+    content_forward(d, s.memory.data(), read_keys, s.beta_r.data(), R, s.rc.data(), s.rS.data(),
+                    s.rd.data(), s.rkn.data(), s.mn.data());
+  }
   for (int64_t r = 0; r < R; ++r) {
     T* rw = s.rw.data() + r * N;
     if (!d.link) {
@@ -537,9 +644,16 @@ void step_backward(const Dims& d, const Inputs<T>& in, const Scratch<T>& s, cons
     }
   }
   std::vector<T>& gbeta_r = work.gbeta_r;
-  content_backward(d, s.memory.data(), xc + d.off[kReadKeys], s.beta_r.data(), R, s.rc.data(),
-                   s.rS.data(), s.rd.data(), s.rkn.data(), s.mn.data(), grc.data(), gM.data(),
-                   gx.data() + d.off[kReadKeys], gbeta_r.data(), gmn);
+  if (d.mask) {
+    masked_content_backward(d, s.memory.data(), xc + d.off[kReadKeys], s.beta_r.data(),
+                            s.rmask.data(), R, s.rc.data(), s.rS.data(), s.rd.data(),
+                            s.rkn.data(), s.mn.data(), grc.data(), gM.data(),
+                            gx.data() + d.off[kReadKeys], gbeta_r.data(), work.grmask.data(), work);
+  } else {
+    content_backward(d, s.memory.data(), xc + d.off[kReadKeys], s.beta_r.data(), R, s.rc.data(),
+                     s.rS.data(), s.rd.data(), s.rkn.data(), s.mn.data(), grc.data(), gM.data(),
+                     gx.data() + d.off[kReadKeys], gbeta_r.data(), gmn);
+  }
 
   // 7. precedence, then the link row by row: each row's gradient from the output and the
   // directional weights, then through the link's update
@@ -698,9 +812,17 @@ void step_backward(const Dims& d, const Inputs<T>& in, const Scratch<T>& s, cons
     for (int64_t k = 0; k < N; ++k) gu[order[k]] += (T(1) - eps) * gsorted[k];
   }
   std::vector<T>& gbeta_w = work.gbeta_w;
-  content_backward(d, base_memory, xc + d.off[kWriteKeys], s.beta_w.data(), Wh, s.wc.data(),
-                   s.wS.data(), s.wd.data(), s.wkn.data(), s.mn_prev.data(), gwc.data(), g.Mp,
-                   gx.data() + d.off[kWriteKeys], gbeta_w.data(), gmn);
+  if (d.mask) {
+    masked_content_backward(d, base_memory, xc + d.off[kWriteKeys], s.beta_w.data(),
+                            s.wmask.data(), Wh, s.wc.data(), s.wS.data(), s.wd.data(),
+                            s.wkn.data(), s.mn_prev.data(), gwc.data(), g.Mp,
+                            gx.data() + d.off[kWriteKeys], gbeta_w.data(), work.gwmask.data(),
+                            work);
+  } else {
+    content_backward(d, base_memory, xc + d.off[kWriteKeys], s.beta_w.data(), Wh, s.wc.data(),
+                     s.wS.data(), s.wd.data(), s.wkn.data(), s.mn_prev.data(), gwc.data(), g.Mp,
+                     gx.data() + d.off[kWriteKeys], gbeta_w.data(), gmn);
+  }
   // dealloc_content: g.Mp holds the gradient of M ∘ ψ; gmn (free again) takes ψ's share
   std::fill(gmn.begin(), gmn.end(), T(0));
   if (d.dealloc) {
@@ -777,6 +899,12 @@ void step_backward(const Dims& d, const Inputs<T>& in, const Scratch<T>& s, cons
     const int64_t at_s = d.off[kSharpness] + i;
     gx[at_s] = gsharp[i] * softplus_grad(xc[at_s]);
   }
+  for (int64_t i = 0; i < (d.mask ? R * W : 0); ++i) {
+    gx[d.off[kReadMasks] + i] = work.grmask[i] * s.rmask[i] * (T(1) - s.rmask[i]);
+  }
+  for (int64_t i = 0; i < (d.mask ? Wh * W : 0); ++i) {
+    gx[d.off[kWriteMasks] + i] = work.gwmask[i] * s.wmask[i] * (T(1) - s.wmask[i]);
+  }
   for (int64_t i = 0; i < d.I; ++i) g.xi[i] = inside(in.xi[i], d.clip) ? gx[i] : T(0);
 }
 
@@ -799,6 +927,7 @@ Dims make_dims(const Tensor& interface, const Tensor& memory, const Tensor& read
   d.usage_write_grad = usage_write_grad;
   d.dealloc = dealloc;
   d.sharpen = link && offsets[kSharpness] >= 0;
+  d.mask = offsets[kReadMasks] >= 0;
   d.clip = clip;
   d.eps = eps;
   for (int64_t f = 0; f < kFields; ++f) d.off[f] = offsets[f];
@@ -825,9 +954,11 @@ void check_inputs(const Dims& d, const tensor_list& t) {
   TORCH_CHECK(t[0].scalar_type() == at::kFloat || t[0].scalar_type() == at::kDouble,
               "relmem DNC memory step: float32 or float64 only, got ", t[0].scalar_type());
   const int64_t sizes[kFields] = {d.R * d.W, d.R,  d.Wh * d.W, d.Wh, d.Wh * d.W,
-                                  d.Wh * d.W, d.R, d.Wh,      d.Wh, d.R * d.P, 2 * d.R};
+                                  d.Wh * d.W, d.R, d.Wh,      d.Wh, d.R * d.P, 2 * d.R,
+                                  d.R * d.W,  d.Wh * d.W};
   for (int64_t f = 0; f < kFields; ++f) {
     if ((f == kReadModes && !d.link) || (f == kSharpness && !d.sharpen)) continue;
+    if ((f == kReadMasks || f == kWriteMasks) && !d.mask) continue;
     TORCH_CHECK(d.off[f] >= 0 && d.off[f] + sizes[f] <= d.I,
                 "relmem DNC memory step: field ", f, " at offset ", d.off[f], " (size ", sizes[f],
                 ") lies outside the interface of size ", d.I);
