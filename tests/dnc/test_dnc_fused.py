@@ -289,12 +289,14 @@ def test_the_memory_controller_layer_runs_the_fused_step_exactly(
     torch.testing.assert_close(got.data, want.data, rtol=1e-10, atol=1e-12)
 
 
-def test_float32_agrees_with_the_reference_to_rounding() -> None:
+@pytest.mark.parametrize(
+    "flags", [{}, {"dealloc_content": True, "key_mask": True, "link_sharpness": True}]
+)
+def test_float32_agrees_with_the_reference_to_rounding(flags) -> None:
     torch.manual_seed(0)
-    fused = DNC(5, 16, 16, 8, 3)
-    reference = _copy_of(
-        fused, input_size=5, hidden_size=16, memory_size=16, word_size=8, num_read_heads=3
-    )
+    sizes = {"input_size": 5, "hidden_size": 16, "memory_size": 16, "word_size": 8}
+    fused = DNC(**sizes, num_read_heads=3, **flags)
+    reference = _copy_of(fused, **sizes, num_read_heads=3, **flags)
     x = torch.randn(10, 4, 5)
 
     def run(module):
