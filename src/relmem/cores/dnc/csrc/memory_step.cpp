@@ -137,11 +137,12 @@ struct Scratch {
   Span<T> pi;                                    // [R, P] read modes, paper order
   Span<T> psi, written, upre;                    // [N]
   Span<T> mdeal;                                 // [N, W] ψ-freed memory (dealloc)
-  Span<T> wc, wS, wd, wkn, mn_prev;              // write content [Wh, N] x3, [Wh], [N] ([Wh, N] masked)
+  Span<T> wc, wS, wd, wkn, mn_prev;              // write content [Wh, N] x3, [Wh], [N]
   Span<T> usim, sorted, prefix, alloc;           // [Wh, N]
   Span<T> fwd, bwd;                              // [R, Wh, N] (sharpened with link_sharpness)
   Span<T> sharp, fwd_raw, bwd_raw;               // [R, 2] s_b s_f; [R, Wh, N] before sharpening
-  Span<T> rc, rS, rd, rkn, mn;                   // read content [R, N] x3, [R], [N] ([R, N] masked)
+  Span<T> rc, rS, rd, rkn, mn;                   // read content [R, N] x3, [R], [N]
+  // (the memory norms mn_prev and mn are [Wh, N] and [R, N] with key_mask: one per head)
   Span<T> rmask, wmask;                          // key_mask: [R, W], [Wh, W]
   int64_t* order = nullptr;                      // [Wh, N] the allocation's sort
   Span<T> memory, usage, link, prec, rw, ww, rv; // the outputs
@@ -252,7 +253,8 @@ void content_backward(const Dims& d, const T* M, const T* keys, const T* beta, i
 }
 
 // key_mask: head h's key and every memory row masked by m_h [W] before the cosine:
-// S[h, n] = (k_h ∘ m_h)·(M_n ∘ m_h) / (‖k_h ∘ m_h‖_ε ‖M_n ∘ m_h‖_ε + ε); mn is [H, N].
+// S[h, n] = (k_h ∘ m_h)·(M_n ∘ m_h) / (‖k_h ∘ m_h‖_ε ‖M_n ∘ m_h‖_ε + ε);
+// mn is [H, N].
 template <typename T>
 void masked_content_forward(const Dims& d, const T* M, const T* keys, const T* beta,
                             const T* masks, int64_t H, T* w, T* S, T* dots, T* kn, T* mn) {
@@ -410,7 +412,9 @@ void step_forward(const Dims& d, const Inputs<T>& in, Scratch<T>& s) {
   for (int64_t i = 0; i < (d.sharpen ? 2 * R : 0); ++i) {
     s.sharp[i] = T(1) + softplus(xc[d.off[kSharpness] + i]);  // oneplus in both compat modes
   }
-  for (int64_t i = 0; i < (d.mask ? R * W : 0); ++i) s.rmask[i] = sigmoid(xc[d.off[kReadMasks] + i]);
+  for (int64_t i = 0; i < (d.mask ? R * W : 0); ++i) {
+    s.rmask[i] = sigmoid(xc[d.off[kReadMasks] + i]);
+  }
   for (int64_t i = 0; i < (d.mask ? Wh * W : 0); ++i) {
     s.wmask[i] = sigmoid(xc[d.off[kWriteMasks] + i]);
   }
