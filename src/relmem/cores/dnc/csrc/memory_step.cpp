@@ -193,6 +193,20 @@ struct Work {
 
 // ---------------------------------------------------------------- content addressing (§4)
 
+// w[n] = softmax_n(β · S[n]) over one head's similarities S [N].
+template <typename T>
+void scaled_softmax(const T* S, T beta, int64_t N, T* w) {
+  T top = -std::numeric_limits<T>::infinity();
+  for (int64_t n = 0; n < N; ++n) top = std::max(top, beta * S[n]);
+  T total = 0;
+#pragma omp simd reduction(+ : total)
+  for (int64_t n = 0; n < N; ++n) {
+    w[n] = exp_nonpositive(beta * S[n] - top);
+    total += w[n];
+  }
+  for (int64_t n = 0; n < N; ++n) w[n] /= total;
+}
+
 // w[h, :] = softmax_n(β_h · S[h, n]), S = k_h·M_n / (‖k_h‖_ε ‖M_n‖_ε + ε).
 template <typename T>
 void content_forward(const Dims& d, const T* M, const T* keys, const T* beta, int64_t H, T* w,
@@ -203,20 +217,12 @@ void content_forward(const Dims& d, const T* M, const T* keys, const T* beta, in
   for (int64_t h = 0; h < H; ++h) {
     const T* k = keys + h * W;
     kn[h] = std::sqrt(dot(k, k, W) + eps);
-    T top = -std::numeric_limits<T>::infinity();
     for (int64_t n = 0; n < N; ++n) {
       const T p = dot(k, M + n * W, W);
       dots[h * N + n] = p;
       S[h * N + n] = p / (kn[h] * mn[n] + eps);
-      top = std::max(top, beta[h] * S[h * N + n]);
     }
-    T total = 0;
-#pragma omp simd reduction(+ : total)
-    for (int64_t n = 0; n < N; ++n) {
-      w[h * N + n] = exp_nonpositive(beta[h] * S[h * N + n] - top);
-      total += w[h * N + n];
-    }
-    for (int64_t n = 0; n < N; ++n) w[h * N + n] /= total;
+    scaled_softmax(S + h * N, beta[h], N, w + h * N);
   }
 }
 
@@ -266,7 +272,6 @@ void masked_content_forward(const Dims& d, const T* M, const T* keys, const T* b
     T kk = 0;
     for (int64_t c = 0; c < W; ++c) kk += (k[c] * m[c]) * (k[c] * m[c]);
     kn[h] = std::sqrt(kk + eps);
-    T top = -std::numeric_limits<T>::infinity();
     for (int64_t n = 0; n < N; ++n) {
       const T* row = M + n * W;
       T p = 0, q = 0;
@@ -278,14 +283,8 @@ void masked_content_forward(const Dims& d, const T* M, const T* keys, const T* b
       mn[h * N + n] = std::sqrt(q + eps);
       dots[h * N + n] = p;
       S[h * N + n] = p / (kn[h] * mn[h * N + n] + eps);
-      top = std::max(top, beta[h] * S[h * N + n]);
     }
-    T total = 0;
-    for (int64_t n = 0; n < N; ++n) {
-      w[h * N + n] = exp_nonpositive(beta[h] * S[h * N + n] - top);
-      total += w[h * N + n];
-    }
-    for (int64_t n = 0; n < N; ++n) w[h * N + n] /= total;
+    scaled_softmax(S + h * N, beta[h], N, w + h * N);
   }
 }
 
